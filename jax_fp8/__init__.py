@@ -1,0 +1,22 @@
+"""jax_fp8: DeepSeek-style blockwise-scaled FP8 matmul for JAX on Hopper and Blackwell."""
+import os as _os
+
+# Installed, `pallas/` and `ffi/` live inside this package (pyproject maps
+# them there). Run from a source checkout, they sit beside it at the top level:
+# let the subpackages jax_fp8.pallas and jax_fp8.ffi resolve there too.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+if not _os.path.isdir(_os.path.join(_here, "pallas")):
+  _root = _os.path.dirname(_here)
+  if _os.path.isfile(_os.path.join(_root, "pallas", "__init__.py")):
+    __path__.append(_root)  # noqa: F821 (the package's own __path__)
+
+from jax_fp8.backends import BackendUnavailableError
+from jax_fp8.primitive import blockwise_fp8_dot, blockwise_fp8_dot_p
+from jax_fp8.quantize import (dequantize_128x128, dequantize_1x128, quantize_128x128,
+                              quantize_1x128)
+
+__version__ = "0.1.0"
+__all__ = [
+    "BackendUnavailableError", "blockwise_fp8_dot", "blockwise_fp8_dot_p",
+    "dequantize_128x128", "dequantize_1x128", "quantize_128x128", "quantize_1x128",
+]

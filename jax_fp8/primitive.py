@@ -1,0 +1,174 @@
+"""`blockwise_fp8_dot` as a JAX primitive: validation, abstract evaluation,
+per-platform lowering through `jax_fp8.backends`, and batching.
+"""
+from __future__ import annotations
+
+import functools
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jax_fp8 import backends
+from jax_fp8.quantize import FP8, num_blocks
+
+OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
+
+
+def _shape(x):
+  return tuple(x.shape)
+
+
+def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend):
+  """Checks every argument against the contract; returns (batch, m, n, k).
+
+  Works on arrays and abstract values alike. Raises TypeError (dtypes, kinds)
+  or ValueError (shapes, values) whose message names the argument and the rule.
+  """
+  if np.dtype(a.dtype) != np.dtype(FP8):
+    raise TypeError(f"a must be float8_e4m3fn, got {a.dtype}")
+  if np.dtype(b.dtype) != np.dtype(FP8):
+    raise TypeError(f"b must be float8_e4m3fn, got {b.dtype}")
+  for name, s in (("a_scale", a_scale), ("b_scale", b_scale)):
+    if np.dtype(s.dtype) != np.dtype(jnp.float32):
+      raise TypeError(f"{name} must be float32, got {s.dtype}")
+  if len(_shape(a)) < 2:
+    raise ValueError(f"a must be [..., M, K] (at least 2-D), got shape {_shape(a)}")
+  if len(_shape(b)) != 2:
+    raise ValueError(f"b must be 2-D [N, K], got shape {_shape(b)}")
+  *batch, m, k = _shape(a)
+  n, kb_ = _shape(b)
+  if kb_ != k:
+    raise ValueError(f"K mismatch: a is {_shape(a)} (K={k}) but b is {_shape(b)} (K={kb_}); "
+                     "b must be [N, K] with the same K as a")
+  if k < 1:
+    raise ValueError(f"K must be >= 1, got a of shape {_shape(a)}")
+  want = (*batch, m, num_blocks(k))
+  if _shape(a_scale) != want:
+    raise ValueError(f"a_scale must have shape a.shape[:-1] + (ceil(K/128),) = {want} "
+                     f"(one scale per row per 128-wide K group), got {_shape(a_scale)}")
+  want = (num_blocks(n), num_blocks(k))
+  if _shape(b_scale) != want:
+    raise ValueError(f"b_scale must have shape (ceil(N/128), ceil(K/128)) = {want} "
+                     f"(one scale per 128x128 block of b), got {_shape(b_scale)}")
+  if c is not None:
+    if not jnp.issubdtype(c.dtype, jnp.floating):
+      raise TypeError(f"c must be a floating-point array, got {c.dtype}")
+    if _shape(c) != (*batch, m, n):
+      raise ValueError(f"c must have the output's shape [..., M, N] = {(*batch, m, n)}, "
+                       f"got {_shape(c)}")
+  if isinstance(beta, bool) or not isinstance(beta, numbers.Real):
+    raise TypeError(f"beta must be a Python real number (static), got {type(beta).__name__}")
+  if not np.isfinite(beta):
+    raise ValueError(f"beta must be finite, got {beta}")
+  if c is None and beta != 1.0:
+    raise ValueError(f"beta={beta} was given but c is None; beta scales the residual c")
+  try:
+    dt = np.dtype(out_dtype)
+  except TypeError:
+    dt = None
+  if dt not in OUT_DTYPES:
+    raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+  if backend not in backends.NAMES:
+    raise ValueError(f"backend must be one of {backends.NAMES}, got {backend!r}")
+  return tuple(batch), m, n, k
+
+
+blockwise_fp8_dot_p = Primitive("blockwise_fp8_dot")
+blockwise_fp8_dot_p.def_impl(functools.partial(dispatch.apply_primitive, blockwise_fp8_dot_p))
+
+
+def _split(args, has_c):
+  a, a_scale, b, b_scale = args[:4]
+  return a, a_scale, b, b_scale, (args[4] if has_c else None)
+
+
+def _abstract_eval(*args, beta, out_dtype, backend, has_c):
+  a, a_scale, b, b_scale, c = _split(args, has_c)
+  batch, m, n, _ = validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
+                            backend=backend)
+  return jax.core.ShapedArray((*batch, m, n), out_dtype)
+
+
+blockwise_fp8_dot_p.def_abstract_eval(_abstract_eval)
+
+
+def _folded(kernel, *, beta, out_dtype):
+  """Wraps a 2-D implementation: leading batch dims of a (and c) fold into M."""
+  def impl(a, a_scale, b, b_scale, c=None):
+    *batch, m, k = a.shape
+    n = b.shape[0]
+    rows = int(np.prod(batch, dtype=np.int64)) * m
+    out = kernel(a.reshape(rows, k), a_scale.reshape(rows, a_scale.shape[-1]), b, b_scale,
+                 None if c is None else c.reshape(rows, n), beta=beta, out_dtype=out_dtype)
+    return out.reshape(*batch, m, n)
+  return impl
+
+
+def _lowering(ctx, *args, beta, out_dtype, backend, has_c, platform):
+  a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
+  *batch, m, k = a_aval.shape
+  rows = int(np.prod(batch, dtype=np.int64)) * m
+  _, kernel = backends.select(platform, backend, rows, b_aval.shape[0], k,
+                              out_dtype=out_dtype, has_c=has_c)
+  impl = _folded(kernel, beta=beta, out_dtype=out_dtype)
+  return mlir.lower_fun(impl, multiple_results=False)(ctx, *args)
+
+
+for _platform in ("cpu", "cuda"):
+  mlir.register_lowering(blockwise_fp8_dot_p,
+                         functools.partial(_lowering, platform=_platform),
+                         platform=_platform)
+
+
+def _batching_rule(args, dims, *, beta, out_dtype, backend, has_c):
+  size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+
+  def to_front(x, d):
+    if d is batching.not_mapped:
+      return jnp.broadcast_to(x, (size, *x.shape))
+    return jnp.moveaxis(x, d, 0)
+
+  params = dict(beta=beta, out_dtype=out_dtype, backend=backend, has_c=has_c)
+  if dims[2] is batching.not_mapped and dims[3] is batching.not_mapped:
+    # Shared weights: the vmapped axis becomes a leading batch dim of a, which
+    # the kernels fold into M. One launch.
+    new = [to_front(x, d) if i in (0, 1, 4) else x for i, (x, d) in enumerate(zip(args, dims))]
+    return blockwise_fp8_dot_p.bind(*new, **params), 0
+  # A different b per batch element: one dot per element.
+  new = [to_front(x, d) for x, d in zip(args, dims)]
+  return lax.map(lambda xs: blockwise_fp8_dot_p.bind(*xs, **params), tuple(new)), 0
+
+
+batching.primitive_batchers[blockwise_fp8_dot_p] = _batching_rule
+
+
+def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
+                      out_dtype=jnp.bfloat16, backend: str = "auto") -> jax.Array:
+  """DeepSeek-style blockwise-scaled FP8 matmul.
+
+  Args:
+    a: float8_e4m3fn [..., M, K] (any leading batch dims).
+    a_scale: float32 [..., M, ceil(K/128)], one scale per row per 1x128 group.
+    b: float8_e4m3fn [N, K] (K-major, like a linear layer's weight).
+    b_scale: float32 [ceil(N/128), ceil(K/128)], one scale per 128x128 block.
+    c: optional residual [..., M, N], any float dtype.
+    beta: static multiplier of c.
+    out_dtype: jnp.bfloat16 or jnp.float32.
+    backend: "auto", "reference", "pallas_sm90", "pallas_sm100" or "ffi".
+
+  Returns:
+    [..., M, N] out_dtype: sum over K blocks of (a_blk @ b_blk.T) * a_scale *
+    b_scale, accumulated in float32, plus beta * c.
+  """
+  a, a_scale, b, b_scale = (jnp.asarray(x) if not hasattr(x, "dtype") else x
+                            for x in (a, a_scale, b, b_scale))
+  validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype, backend=backend)
+  operands = (a, a_scale, b, b_scale) + (() if c is None else (c,))
+  return blockwise_fp8_dot_p.bind(*operands, beta=float(beta), out_dtype=np.dtype(out_dtype),
+                                  backend=backend, has_c=c is not None)

@@ -1,0 +1,140 @@
+"""Test helpers shared by the tests and the GPU check script.
+
+- `random_operands`: fresh random FP8 operands with scales over several binades.
+- `reference_f64`: the contract evaluated in float64 with numpy.
+- `assert_close`: the relative Frobenius bounds of the project (and no NaN).
+- `poison_like`: a NaN-filled array, to prove every output tile gets written.
+- `gpu_interpret_mode` / `run_in_gpu_interpret_mode`: run Pallas GPU kernels on
+  the CPU with race detection and fail on any race.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_fp8 import quantize
+
+# Relative Frobenius error bounds against the float64 reference.
+TOLERANCE = {np.dtype(jnp.float32): 1e-5, np.dtype(jnp.bfloat16): 4e-3}
+
+
+@dataclasses.dataclass
+class Operands:
+  a: jax.Array        # [..., M, K] float8_e4m3fn
+  a_scale: jax.Array  # [..., M, ceil(K/128)] float32
+  b: jax.Array        # [N, K] float8_e4m3fn
+  b_scale: jax.Array  # [ceil(N/128), ceil(K/128)] float32
+  c: jax.Array | None  # [..., M, N] or None
+
+  def args(self):
+    return self.a, self.a_scale, self.b, self.b_scale, self.c
+
+
+def random_fp8(rng: np.random.Generator, shape) -> np.ndarray:
+  """Random e4m3 values spread over most of the format's range, never all zero."""
+  x = rng.standard_normal(shape).astype(np.float32) * np.float32(64.0)
+  return np.asarray(jnp.asarray(x).astype(quantize.FP8))
+
+
+def random_scales(rng: np.random.Generator, shape) -> np.ndarray:
+  """Positive float32 scales over several binades (2^-12 .. 2^-4)."""
+  return np.exp2(rng.uniform(-12.0, -4.0, size=shape)).astype(np.float32)
+
+
+def random_operands(seed: int, m: int, n: int, k: int, *, batch=(),
+                    with_c: bool = False, c_dtype=jnp.float32) -> Operands:
+  rng = np.random.default_rng(seed)
+  kb, nb = quantize.num_blocks(k), quantize.num_blocks(n)
+  c = None
+  if with_c:
+    c = jnp.asarray(rng.standard_normal((*batch, m, n)).astype(np.float32)).astype(c_dtype)
+  return Operands(
+      a=jnp.asarray(random_fp8(rng, (*batch, m, k))),
+      a_scale=jnp.asarray(random_scales(rng, (*batch, m, kb))),
+      b=jnp.asarray(random_fp8(rng, (n, k))),
+      b_scale=jnp.asarray(random_scales(rng, (nb, kb))),
+      c=c)
+
+
+def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0) -> np.ndarray:
+  """The contract in float64: dequantise exactly, one matmul, + beta * c."""
+  a64 = np.asarray(jnp.asarray(a).astype(jnp.float32), dtype=np.float64)
+  b64 = np.asarray(jnp.asarray(b).astype(jnp.float32), dtype=np.float64)
+  n, k = b64.shape
+  sa = np.repeat(np.asarray(a_scale, np.float64), quantize.BLOCK, axis=-1)[..., :k]
+  sb = np.repeat(np.repeat(np.asarray(b_scale, np.float64), quantize.BLOCK, 0),
+                 quantize.BLOCK, 1)[:n, :k]
+  out = (a64 * sa) @ (b64 * sb).T
+  if c is not None:
+    out = out + beta * np.asarray(jnp.asarray(c).astype(jnp.float32), np.float64)
+  return out
+
+
+def rel_error(out, ref: np.ndarray) -> float:
+  out64 = np.asarray(jnp.asarray(out).astype(jnp.float32), np.float64)
+  if out64.shape != ref.shape:
+    raise AssertionError(f"shape {out64.shape} != reference shape {ref.shape}")
+  if not np.all(np.isfinite(out64)):
+    return float("nan")
+  denom = np.linalg.norm(ref)
+  return float(np.linalg.norm(out64 - ref) / (denom if denom > 0 else 1.0))
+
+
+def assert_close(out, ref: np.ndarray, out_dtype=None, tol: float | None = None):
+  """Relative Frobenius error within the bound for out_dtype; NaN never passes."""
+  dtype = np.dtype(out_dtype if out_dtype is not None else jnp.asarray(out).dtype)
+  if np.dtype(jnp.asarray(out).dtype) != dtype:
+    raise AssertionError(f"output dtype {jnp.asarray(out).dtype} != expected {dtype}")
+  bound = TOLERANCE[dtype] if tol is None else tol
+  err = rel_error(out, ref)
+  if not err <= bound:  # also catches NaN
+    raise AssertionError(f"relative Frobenius error {err:.3e} > {bound:.1e} ({dtype})")
+  return err
+
+
+def poison_like(shape, dtype) -> jax.Array:
+  """An output-sized NaN array: a kernel that leaves a tile unwritten fails."""
+  return jnp.full(shape, jnp.nan, dtype)
+
+
+# ---- GPU interpret mode -------------------------------------------------------
+
+def _interpret_modules():
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+  return gpu_callbacks, interpret_pallas_call
+
+
+@contextlib.contextmanager
+def gpu_interpret_mode(detect_races: bool = True, **params):
+  """Runs Pallas GPU kernels traced inside on the CPU; asserts no race was found.
+
+  Also resets the interpreter's state when a kernel raised, so that the next
+  test in the process starts clean.
+  """
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  gpu_callbacks, interpret_pallas_call = _interpret_modules()
+  interpret_pallas_call.reset_gpu_interpret_mode_state()
+  ok = False
+  try:
+    with plgpu.force_gpu_interpret_mode(
+        plgpu.InterpretGPUParams(detect_races=detect_races, **params)):
+      yield
+    ok = True
+  finally:
+    if not ok:
+      interpret_pallas_call.reset_gpu_interpret_mode_state()
+  races = gpu_callbacks._races
+  if detect_races and races is not None and races.races_found:
+    raise AssertionError("GPU interpret mode detected a data race in the kernel")
+
+
+def run_in_gpu_interpret_mode(fn, *args, detect_races: bool = True, **params):
+  """Calls fn(*args) under GPU interpret mode (jit-compiled inside) and blocks."""
+  with gpu_interpret_mode(detect_races=detect_races, **params):
+    out = jax.block_until_ready(jax.jit(fn)(*args))
+  return out
