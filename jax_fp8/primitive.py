@@ -127,15 +127,15 @@ for _platform in ("cpu", "cuda"):
 
 
 def _batching_rule(args, dims, *, beta, out_dtype, backend, has_c):
-  size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+  size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
 
   def to_front(x, d):
-    if d is batching.not_mapped:
+    if d is None:
       return jnp.broadcast_to(x, (size, *x.shape))
     return jnp.moveaxis(x, d, 0)
 
   params = dict(beta=beta, out_dtype=out_dtype, backend=backend, has_c=has_c)
-  if dims[2] is batching.not_mapped and dims[3] is batching.not_mapped:
+  if dims[2] is None and dims[3] is None:
     # Shared weights: the vmapped axis becomes a leading batch dim of a, which
     # the kernels fold into M. One launch.
     new = [to_front(x, d) if i in (0, 1, 4) else x for i, (x, d) in enumerate(zip(args, dims))]

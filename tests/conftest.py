@@ -1,0 +1,35 @@
+"""Shared pytest set-up.
+
+Eight virtual CPU devices are configured before jax initialises, so that the
+sharding tests can build a (2, 4) mesh; single-device tests are unaffected.
+GPU-only tests use the `requires_gpu(...)` marker helpers below and skip
+elsewhere (CI has no GPU).
+"""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+
+
+def gpu_compute_capability():
+  """(major, minor) of the first CUDA device, or None without one."""
+  try:
+    devices = jax.devices("gpu")
+  except RuntimeError:
+    return None
+  if not devices:
+    return None
+  major, minor = str(devices[0].compute_capability).split(".")
+  return int(major), int(minor)
+
+
+def requires_gpu(min_cc=(8, 9), major=None):
+  cc = gpu_compute_capability()
+  ok = cc is not None and cc >= tuple(min_cc) and (major is None or cc[0] == major)
+  what = f"compute capability {major}.x" if major is not None else f">= {min_cc}"
+  return pytest.mark.skipif(not ok, reason=f"needs an NVIDIA GPU with {what} (found {cc})")
