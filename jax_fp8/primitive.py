@@ -15,6 +15,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_fp8 import backends
+from jax_fp8 import sharding
 from jax_fp8.quantize import FP8, num_blocks
 
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
@@ -81,6 +82,9 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend):
 
 blockwise_fp8_dot_p = Primitive("blockwise_fp8_dot")
 blockwise_fp8_dot_p.def_impl(functools.partial(dispatch.apply_primitive, blockwise_fp8_dot_p))
+# A multi-device lowering partitions through custom_partitioning, which needs
+# the device assignment and mesh at lowering time (jax_fp8.sharding).
+dispatch.prim_requires_devices_during_lowering.add(blockwise_fp8_dot_p)
 
 
 def _split(args, has_c):
@@ -92,7 +96,11 @@ def _abstract_eval(*args, beta, out_dtype, backend, has_c):
   a, a_scale, b, b_scale, c = _split(args, has_c)
   batch, m, n, _ = validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
                             backend=backend)
-  return jax.core.ShapedArray((*batch, m, n), out_dtype)
+  # Explicit mesh axes: the output is sharded like a matmul's (jax_fp8.sharding).
+  out_sharding = sharding.out_sharding(a, a_scale, b, b_scale, c)
+  if out_sharding is None:
+    return jax.core.ShapedArray((*batch, m, n), out_dtype)
+  return jax.core.ShapedArray((*batch, m, n), out_dtype, sharding=out_sharding)
 
 
 blockwise_fp8_dot_p.def_abstract_eval(_abstract_eval)
@@ -111,13 +119,18 @@ def _folded(kernel, *, beta, out_dtype):
 
 
 def _lowering(ctx, *args, beta, out_dtype, backend, has_c, platform):
+  if sharding.wants_partitioning(ctx):
+    # Several devices: partition like a matmul; each shard lowers back here
+    # in a one-device (manual) context, so this does not recurse.
+    return sharding.lower(ctx, *args, beta=beta, out_dtype=out_dtype, backend=backend,
+                          has_c=has_c)
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
   *batch, m, k = a_aval.shape
   rows = int(np.prod(batch, dtype=np.int64)) * m
   _, kernel = backends.select(platform, backend, rows, b_aval.shape[0], k,
                               out_dtype=out_dtype, has_c=has_c)
   impl = _folded(kernel, beta=beta, out_dtype=out_dtype)
-  return mlir.lower_fun(impl, multiple_results=False)(ctx, *args)
+  return sharding.lower_locally(ctx, impl, *args)
 
 
 for _platform in ("cpu", "cuda"):
