@@ -182,6 +182,17 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
   a, a_scale, b, b_scale = (jnp.asarray(x) if not hasattr(x, "dtype") else x
                             for x in (a, a_scale, b, b_scale))
   validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype, backend=backend)
+  if backend in ("pallas_sm90", "pallas_sm100") and backends.gpu_interpret_mode_active():
+    # GPU interpret mode turns a Pallas kernel into ordered io_callbacks, whose
+    # effect tokens a primitive's lowering cannot thread (mlir.lower_fun has
+    # none for it): call the kernel directly, batch dims folded into M. This
+    # is the CPU/CI path of the Pallas kernels; jit and vmap still apply.
+    *batch, m, k = a.shape
+    rows = int(np.prod(batch, dtype=np.int64)) * m
+    _, kernel = backends.select("cpu", backend, rows, b.shape[0], k,
+                                out_dtype=np.dtype(out_dtype), has_c=c is not None)
+    return _folded(kernel, beta=float(beta), out_dtype=np.dtype(out_dtype))(
+        a, a_scale, b, b_scale, c)
   operands = (a, a_scale, b, b_scale) + (() if c is None else (c,))
   return blockwise_fp8_dot_p.bind(*operands, beta=float(beta), out_dtype=np.dtype(out_dtype),
                                   backend=backend, has_c=c is not None)

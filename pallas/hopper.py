@@ -1,0 +1,357 @@
+"""Blockwise-scaled FP8 matmul for Hopper (sm_90a) in Pallas Mosaic GPU.
+
+    out[m, n] = sum_kb (a[m, kb] . b[n, kb]) * a_scale[m, kb] * b_scale[n // 128, kb]  (+ beta * c)
+
+Structure (one CTA per SM, persistent):
+- three warpgroups: two consumers (WGMMA + promotion + epilogue) and one TMA
+  producer (`plgpu.emit_pipeline_warp_specialized`), which streams per K block
+  the A tile (tile_m, 128), the B tile (tile_n, 128) and the A-scales of the
+  tile rows (a (1, tile_m) block of the transposed scales) into an SMEM ring
+  of `stages` slots;
+- the CTA walks output tiles in a grouped ("planar snake") order, so
+  consecutive tiles of the 132 CTAs share A rows / B columns in L2;
+- two-level accumulation: each 128-deep K block goes through WGMMA into a fresh
+  accumulator (`plgpu.ACC`), then is promoted into a float32 register
+  accumulator: acc += block * a_scale[rows] * b_scale. While one consumer
+  promotes, the other's WGMMA keeps the tensor cores busy;
+- epilogue: acc (+ beta * c, c loaded by TMA) is cast, written to SMEM and
+  stored with TMA in (64, epi_tile_n) pieces, double-buffered.
+
+Both operands are K-major in SMEM (FP8 WGMMA takes no transposes). Edges: TMA
+reads out of bounds give zeros (exact for the partial last K block and for
+partial M/N tiles) and TMA writes out of bounds are dropped. Mosaic's tiled
+TMA needs every dimension to be a multiple of its SMEM tile (or smaller), so
+the wrapper zero-pads what is not (K to 128, M and N to 8, the output's N to
+64); padding is exact and sliced off. DeepSeek-V3 shapes need none for a, b.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+K_BLOCK = 128          # one scale block of K = one pipeline step
+CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
+SCALE_N = 128          # columns sharing one b_scale value
+SMEM_BYTES = 227 * 1024
+OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
+_C_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperConfig:
+  """Tiling of one CTA.
+
+  tile_m x tile_n: the CTA's output tile. The two consumer warpgroups split it
+  along `wg_split` ("m": each takes tile_m/2 rows; "n": each takes tile_n/2
+  columns). A warpgroup's tile is computed as (64, min(cols, 128)) WGMMA chunks,
+  each promoted with a single b_scale, so that only one chunk's temporary
+  accumulator is live next to the float32 accumulator (register budget).
+  stages: SMEM ring depth of the TMA pipeline. grid_minor / group: tile order
+  (planar snake over groups of `group` tiles along the minor dimension).
+  epi_tile_n: column width of one epilogue store. num_sms: CTAs of the
+  persistent grid (None: the device's SM count). cluster_m=2: pairs of CTAs
+  (a cluster) take vertically adjacent tiles and share the B tile through TMA
+  multicast, halving B's L2 traffic.
+  """
+  tile_m: int = 128
+  tile_n: int = 256
+  wg_split: str = "n"
+  stages: int = 4
+  grid_minor: str = "n"
+  group: int = 8
+  epi_tile_n: int = 64
+  num_sms: int | None = None
+  cluster_m: int = 1
+
+  def wg_tile(self) -> tuple[int, int]:
+    if self.wg_split == "m":
+      return self.tile_m // 2, self.tile_n
+    return self.tile_m, self.tile_n // 2
+
+  def chunk(self) -> tuple[int, int]:
+    wm, wn = self.wg_tile()
+    return CHUNK_M, min(wn, SCALE_N)
+
+  def check(self):
+    """Raises ValueError naming the field if this tiling cannot be built."""
+    if self.wg_split not in ("m", "n"):
+      raise ValueError(f"wg_split must be 'm' or 'n', got {self.wg_split!r}")
+    if self.grid_minor not in ("m", "n"):
+      raise ValueError(f"grid_minor must be 'm' or 'n', got {self.grid_minor!r}")
+    wm, wn = self.wg_tile()
+    if wm % CHUNK_M or wm < CHUNK_M:
+      raise ValueError(f"each warpgroup's rows ({wm}) must be a multiple of {CHUNK_M}")
+    if wn < 32 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
+      raise ValueError(f"each warpgroup's columns ({wn}) must divide or be a multiple of 128")
+    if self.tile_m > 256 or self.tile_n > 256:
+      raise ValueError("tile_m and tile_n must be <= 256 (TMA box limit)")
+    cn = self.chunk()[1]
+    if cn % self.epi_tile_n:
+      raise ValueError(f"epi_tile_n={self.epi_tile_n} must divide the chunk width {cn}")
+    if self.cluster_m not in (1, 2):
+      raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
+    if self.stages < 1 or self.group < 1:
+      raise ValueError("stages and group must be >= 1")
+
+  def smem_bytes(self, out_dtype, c_dtype=None) -> int:
+    stage = self.tile_m * K_BLOCK + self.tile_n * K_BLOCK + self.tile_m * 4
+    epi = 2 * 2 * CHUNK_M * self.epi_tile_n * np.dtype(out_dtype).itemsize
+    if c_dtype is not None:
+      epi += 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
+    return self.stages * stage + epi + 1024  # barriers and alignment slack
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
+def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> HopperConfig:
+  stages = max_stages
+  while stages > 2 and dataclasses.replace(cfg, stages=stages).smem_bytes(out_dtype, c_dtype) > SMEM_BYTES:
+    stages -= 1
+  return dataclasses.replace(cfg, stages=stages)
+
+
+# Large-M candidates and their per-tile efficiency relative to 128 x 256 (measured
+# on the H100 at full waves): wider tiles read less A/B per FLOP.
+_LARGE_M_TILES = ((128, 256, "n", 1.0), (128, 128, "m", 0.93), (64, 128, "n", 0.8))
+
+
+def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
+                   c_dtype=None) -> HopperConfig:
+  """Tiling heuristic by shape (from H100 measurements of the DeepSeek-V3 shapes).
+
+  - M <= 64 (decode): 64-row tiles, never a 128-row one. The problem is
+    bandwidth-bound and N alone must feed the SMs: 64 x 64 tiles unless N is
+    wide enough for 64 x 256 tiles to fill the SMs (N >= ~24K).
+  - larger M: among 128 x 256, 128 x 128 and 64 x 128 tiles, the one with the
+    best (wave efficiency x per-tile efficiency): the last wave of a persistent
+    grid that is mostly empty costs as much as a full one.
+  """
+  del k
+  num_sms = _num_sms()
+  if m <= 64:
+    if pl.cdiv(n, 256) >= 96:
+      cfg = HopperConfig(tile_m=64, tile_n=256, wg_split="n", grid_minor="m")
+    else:
+      cfg = HopperConfig(tile_m=64, tile_n=64, wg_split="n", grid_minor="m", epi_tile_n=32)
+  else:
+    def score(t):
+      tm, tn, _, eff = t
+      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
+      return eff * tiles / (pl.cdiv(tiles, num_sms) * num_sms)
+    tm, tn, split, _ = max(_LARGE_M_TILES, key=score)
+    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split,
+                       grid_minor="n" if m >= 1024 else "m")
+  if np.dtype(out_dtype) == np.dtype(jnp.float32) and cfg.epi_tile_n > 32:
+    cfg = dataclasses.replace(cfg, epi_tile_n=32)
+  return _fit_stages(cfg, out_dtype, c_dtype, max_stages=6)
+
+
+def _num_sms() -> int:
+  try:
+    devices = jax.devices("gpu")
+  except RuntimeError:
+    devices = []
+  if devices and getattr(devices[0], "core_count", None):
+    return int(devices[0].core_count)
+  return 132  # H100 SXM; also what lowering on a machine without a GPU assumes
+
+
+def unsupported_reason(m, n, k, *, out_dtype, has_c) -> str | None:
+  del has_c
+  if np.dtype(out_dtype) not in OUT_DTYPES:
+    return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
+  if min(m, n, k) < 1:
+    return "empty problem"
+  if m >= 2**31 or n >= 2**31 or k >= 2**31:
+    return "dimensions must fit in int32"
+  return None
+
+
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperConfig,
+            m: int, n: int, k_blocks: int, beta: float):
+  tile_m, tile_n = cfg.tile_m, cfg.tile_n
+  wm, wn = cfg.wg_tile()
+  cm, cn = cfg.chunk()
+  chunks = [(r, c) for r in range(0, wm, cm) for c in range(0, wn, cn)]
+  epi_n = cfg.epi_tile_n
+  cl = cfg.cluster_m
+  m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl), pl.cdiv(n, tile_n)  # cluster tiles
+  n_scale_blocks = bs_gmem.shape[0]
+  out_dtype = out_gmem.dtype
+
+  def tiled(dtype, cols):
+    swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
+    elems = swizzle // jnp.dtype(dtype).itemsize
+    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
+
+  op_transforms = tiled(a_gmem.dtype, K_BLOCK)  # 128 fp8 = 128 B: swizzle 128
+
+  def make_pipeline(body, compute_context):
+    return plgpu.emit_pipeline_warp_specialized(
+        body,
+        grid=(k_blocks,),
+        memory_registers=40,
+        in_specs=[
+            plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms),
+            plgpu.BlockSpec((tile_n, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms,
+                            collective_axes=("cluster",) if cl > 1 else ()),
+            plgpu.BlockSpec((1, tile_m), lambda kb: (kb, 0)),
+        ],
+        wg_axis="wg",
+        num_compute_wgs=2,
+        max_concurrent_steps=cfg.stages,
+        compute_context=compute_context,
+    )
+
+  n_epi = len(chunks) * (cn // epi_n)   # epilogue stores per warpgroup and tile
+  out_slots = 2 if n_epi % 2 == 0 else 1
+  ignore = lambda *_, **__: None
+  scratch = dict(
+      pipeline_allocs=make_pipeline(ignore, ignore).get_allocations(
+          a_gmem.at[:tile_m], b_gmem.at[:tile_n], as_gmem.at[:, :tile_m]),
+      out_smem=plgpu.SMEM((2, out_slots, cm, epi_n), out_dtype, transforms=tiled(out_dtype, epi_n)),
+  )
+  if c_gmem is not None:
+    scratch["c_smem"] = plgpu.SMEM((2, cm, epi_n), c_gmem.dtype, transforms=tiled(c_gmem.dtype, epi_n))
+    scratch["c_barrier"] = plgpu.Barrier(num_barriers=2)
+
+  @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
+  def _scope(pipeline_allocs, out_smem, c_smem=None, c_barrier=None):
+    wg = lax.axis_index("wg")
+
+    @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+    def _tile_loop(info):
+      (lin,) = info.index
+      minor = 1 if cfg.grid_minor == "n" else 0
+      mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters), minor, cfg.group)
+      if cl > 1:
+        # The cluster's CTAs stack vertically; a CTA past M loads zeros and its
+        # stores are dropped, but it must still take part in the multicast.
+        mi = mi * cl + lax.axis_index("cluster")
+      m0, n0 = mi * tile_m, ni * tile_n
+      # This warpgroup's corner inside the CTA tile.
+      if cfg.wg_split == "m":
+        wr, wc = wg * wm, 0
+      else:
+        wr, wc = 0, wg * wn
+
+      def body(idx, a_smem, b_smem, as_smem, acc):
+        (kb,) = idx
+        new_acc = []
+        for (r, c), acc_c in zip(chunks, acc):
+          rows, cols = wr + r, wc + c
+          # Scales first: their loads overlap the WGMMA below.
+          nb = jnp.minimum((n0 + cols) // SCALE_N, n_scale_blocks - 1)
+          s_b = bs_gmem[nb, kb]
+          s_a = plgpu.load(as_smem.at[0, pl.ds(rows, cm)], layout=plgpu.Layout.WGMMA.reduce(1))
+
+          def mma(block_ref, rows=rows, cols=cols):
+            plgpu.wgmma(block_ref, a_smem.at[pl.ds(rows, cm)],
+                        b_smem.at[pl.ds(cols, cn)].T)
+            return block_ref[...]
+
+          block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+          # promote: the f32 sum over K blocks runs outside the tensor cores.
+          new_acc.append(acc_c + block * lax.broadcast_in_dim(s_a * s_b, block.shape, [0]))
+        # The A-scales were read by the generic proxy; fence before the slot
+        # is released to the producer's TMA (async proxy) writes.
+        plgpu.commit_smem()
+        return tuple(new_acc)
+
+      def compute_context(run_pipeline):
+        zero = plgpu.layout_cast(jnp.zeros((cm, cn), jnp.float32), plgpu.Layout.WGMMA)
+        acc = run_pipeline(tuple(zero for _ in chunks))
+        # Epilogue: (+ beta * c), cast, SMEM, TMA store; stores are double-buffered.
+        step = 0
+        for (r, c), acc_c in zip(chunks, acc):
+          for e in range(0, cn, epi_n):
+            gm = pl.ds(m0 + wr + r, cm)
+            gn = pl.ds(n0 + wc + c + e, epi_n)
+            val = acc_c[:, e:e + epi_n]
+            if c_gmem is not None:
+              plgpu.copy_gmem_to_smem(c_gmem.at[gm, gn], c_smem.at[wg], c_barrier.at[wg])
+              plgpu.barrier_wait(c_barrier.at[wg])
+              val = val + c_smem[wg].astype(jnp.float32) * beta
+            slot = step % out_slots
+            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+            out_smem[wg, slot] = val.astype(out_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], out_gmem.at[gm, gn])
+            step += 1
+
+      make_pipeline(body, compute_context)(
+          a_gmem.at[pl.ds(m0, tile_m)],
+          b_gmem.at[pl.ds(n0, tile_n)],
+          as_gmem.at[:, pl.ds(m0, tile_m)],
+          allocations=pipeline_allocs,
+      )
+
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
+                      config: HopperConfig | None = None):
+  """2-D blockwise FP8 matmul on an H100 (or in GPU interpret mode)."""
+  out_dtype = np.dtype(out_dtype)
+  m, k = a.shape
+  n = b.shape[0]
+  reason = unsupported_reason(m, n, k, out_dtype=out_dtype, has_c=c is not None)
+  if reason is not None:
+    raise ValueError(reason)
+  k_blocks = pl.cdiv(k, K_BLOCK)
+  if c is not None and np.dtype(c.dtype) not in _C_DTYPES:
+    c = c.astype(jnp.float32)
+  cfg = config or default_config(m, n, k, out_dtype=out_dtype,
+                                 c_dtype=None if c is None else c.dtype)
+  cfg.check()
+
+  # Mosaic's TMA views a global array through the SMEM tiling ((8, 128) for the
+  # FP8 operands, (8, 128 B) for the epilogue), so a dimension must be a
+  # multiple of its tile or smaller than it; a TMA box may not exceed the
+  # array either. Zero padding is exact and is sliced off the output. The
+  # DeepSeek shapes (K, N multiples of 128) need no padding of a or b.
+  kp = _round_up(k, K_BLOCK)
+  mp = max(_round_up(m, 8), cfg.tile_m)
+  nb_rows = max(_round_up(n, 8), cfg.tile_n)
+  n_out = max(n if n % 64 == 0 else _round_up(n, 64), cfg.tile_n)
+  if (mp, kp) != (m, k):
+    a = jnp.pad(a, ((0, mp - m), (0, kp - k)))
+  if (nb_rows, kp) != (n, k):
+    b = jnp.pad(b, ((0, nb_rows - n), (0, kp - k)))
+  if c is not None and c.shape != (mp, n_out):
+    c = jnp.pad(c, ((0, mp - m), (0, n_out - n)))
+  # A-scales travel transposed, [K blocks, M]: a (1, tile_m) TMA block per step.
+  as_t = jnp.pad(a_scale.T, ((0, 0), (0, mp - m)))
+  m_out = mp
+
+  cl = cfg.cluster_m
+  tiles = pl.cdiv(pl.cdiv(m, cfg.tile_m), cl) * pl.cdiv(n, cfg.tile_n)  # cluster tiles
+  grid = min((cfg.num_sms or _num_sms()) // cl, tiles)
+  kernel = plgpu.kernel(
+      functools.partial(_kernel, cfg=cfg, m=m, n=n, k_blocks=k_blocks, beta=float(beta)),
+      out_type=jax.ShapeDtypeStruct((m_out, n_out), out_dtype),
+      grid=(grid,),
+      grid_names=("sm",),
+      cluster=(cl,),
+      cluster_names=("cluster",),
+      num_threads=3,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=False),
+  )
+  if c is None:
+    out = kernel(a, as_t, b, b_scale, None)
+  else:
+    out = kernel(a, as_t, b, b_scale, c)
+  if out.shape != (m, n):
+    out = out[:m, :n]
+  return out

@@ -1,0 +1,223 @@
+"""backend="pallas_sm90": the Hopper Pallas Mosaic GPU kernel (pallas/hopper.py).
+
+CPU (CI): the kernel runs in GPU interpret mode with race detection; kernel
+outputs start as NaN there (uninitialized_memory="nan"), so an unwritten tile
+fails. Small tiles and a persistent grid of 2-4 CTAs make each CTA walk
+several output tiles. Lowering for CUDA is checked without a GPU.
+GPU: correctness at the DeepSeek-V3 shapes and odd shapes, and determinism;
+skipped without a Hopper GPU.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import requires_gpu
+
+import jax_fp8
+from jax_fp8 import testing
+from jax_fp8.pallas import hopper
+
+FP8 = jnp.float8_e4m3fn
+BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
+
+# 2 consumer warpgroups, each a 64 x 64 piece of a 64 x 128 tile; 2 stages so
+# that K > 256 reuses pipeline slots; 2 CTAs so that each walks several tiles.
+SMALL = hopper.HopperConfig(tile_m=64, tile_n=128, wg_split="n", stages=2, num_sms=2)
+# Warpgroups split M (each 64 x 128).
+SPLIT_M = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, num_sms=2)
+# The large-M default structure: 128 x 256 tiles, each warpgroup 128 x 128 in two
+# 64-row chunks, 4 stages, grouped tile order.
+DEFAULT_LARGE = dataclasses.replace(hopper.HopperConfig(), num_sms=2)
+
+
+def _interpret(fn, *args):
+  with testing.gpu_interpret_mode(detect_races=True, uninitialized_memory="nan"):
+    return jax.block_until_ready(jax.jit(fn)(*args))
+
+
+def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float32, seed=0):
+  ops = testing.random_operands(seed, m, n, k, with_c=with_c, c_dtype=c_dtype)
+
+  def fn(a, sa, b, sb, c):
+    return hopper.blockwise_fp8_dot(a, sa, b, sb, c, beta=beta, out_dtype=out_dtype, config=cfg)
+
+  out = _interpret(fn, *ops.args())
+  assert out.shape == (m, n)
+  testing.assert_close(out, testing.reference_f64(*ops.args(), beta=beta), out_dtype)
+
+
+@pytest.mark.parametrize("m,n,k,cfg,with_c,out_dtype,beta,c_dtype", [
+    # unaligned M and N, partial last K block (300 = 2*128 + 44), several tiles per CTA
+    (70, 200, 300, SMALL, True, F32, 0.5, jnp.float32),
+    (70, 200, 300, SMALL, False, BF16, 1.0, None),
+    # decode-sized M, K not a multiple of 16 (padded), N below one tile
+    (7, 100, 488, SMALL, True, BF16, -1.5, jnp.bfloat16),
+    (200, 200, 200, SPLIT_M, True, BF16, 2.0, jnp.float32),
+    (130, 136, 384, SPLIT_M, False, F32, 1.0, None),
+    (256, 512, 256, DEFAULT_LARGE, False, BF16, 1.0, None),
+    (136, 264, 200, DEFAULT_LARGE, True, F32, 0.25, jnp.float32),
+    # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
+    (130, 300, 300, dataclasses.replace(SMALL, num_sms=4, cluster_m=2), True, F32, 0.5, jnp.float32),
+])
+def test_kernel_interpret(m, n, k, cfg, with_c, out_dtype, beta, c_dtype):
+  _run_kernel(m, n, k, cfg, with_c=with_c, out_dtype=out_dtype, beta=beta,
+              c_dtype=c_dtype or jnp.float32)
+
+
+@pytest.mark.parametrize("m,n,k,with_c,out_dtype", [
+    (33, 160, 264, True, F32),
+    (96, 72, 128, False, BF16),
+])
+def test_public_api_interpret(m, n, k, with_c, out_dtype):
+  """Through jax_fp8.blockwise_fp8_dot(..., backend="pallas_sm90") and the heuristic config."""
+  ops = testing.random_operands(1, m, n, k, with_c=with_c)
+  beta = 0.75 if with_c else 1.0
+
+  def fn(a, sa, b, sb, c):
+    return jax_fp8.blockwise_fp8_dot(a, sa, b, sb, c, beta=beta, out_dtype=out_dtype,
+                                     backend="pallas_sm90")
+
+  out = _interpret(fn, *ops.args())
+  testing.assert_close(out, testing.reference_f64(*ops.args(), beta=beta), out_dtype)
+
+
+def test_public_api_batched_interpret():
+  ops = testing.random_operands(2, 24, 136, 256, batch=(2,))
+  out = _interpret(lambda a, sa, b, sb: jax_fp8.blockwise_fp8_dot(
+      a, sa, b, sb, backend="pallas_sm90"), ops.a, ops.a_scale, ops.b, ops.b_scale)
+  assert out.shape == (2, 24, 136)
+  testing.assert_close(out, testing.reference_f64(ops.a, ops.a_scale, ops.b, ops.b_scale), BF16)
+
+
+def _avals(m, n, k, c_dtype=None):
+  kb, nb = -(-k // 128), -(-n // 128)
+  avals = [jax.ShapeDtypeStruct((m, k), FP8), jax.ShapeDtypeStruct((m, kb), jnp.float32),
+           jax.ShapeDtypeStruct((n, k), FP8), jax.ShapeDtypeStruct((nb, kb), jnp.float32)]
+  if c_dtype is not None:
+    avals.append(jax.ShapeDtypeStruct((m, n), c_dtype))
+  return avals
+
+
+@pytest.mark.parametrize("m,n,k,c_dtype,out_dtype", [
+    (4096, 7168, 2048, None, BF16),       # large M: 128 x 256 tiles
+    (128, 2112, 7168, None, BF16),        # M = 128
+    (64, 24576, 1536, None, BF16),        # decode, wide N
+    (1, 2112, 7168, None, BF16),          # decode, narrow tiles
+    (7, 7000, 1000, jnp.float32, F32),    # odd everything, padded K and output N
+    (4097, 2112, 7168, jnp.bfloat16, BF16),
+])
+def test_lowers_for_cuda(m, n, k, c_dtype, out_dtype):
+  """Tracing, layout inference and Mosaic lowering for sm_90a, without a GPU."""
+  beta = 0.5 if c_dtype is not None else 1.0
+
+  def fn(a, sa, b, sb, c=None):
+    return jax_fp8.blockwise_fp8_dot(a, sa, b, sb, c, beta=beta, out_dtype=out_dtype,
+                                     backend="pallas_sm90")
+
+  lowered = jax.jit(fn).trace(*_avals(m, n, k, c_dtype)).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
+
+
+def test_default_config_heuristic():
+  # Decode shapes take 64-row tiles (a 128-row tile would be mostly padding).
+  for n, k in ((2112, 7168), (24576, 1536), (7168, 2048)):
+    assert hopper.default_config(1, n, k).tile_m == 64
+    assert hopper.default_config(64, n, k).tile_m == 64
+  big = hopper.default_config(4096, 7168, 2048)
+  assert (big.tile_m, big.tile_n) == (128, 256)
+  for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168)):
+    for out_dtype in (BF16, F32):
+      for c_dtype in (None, jnp.float32):
+        cfg = hopper.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+        cfg.check()
+        assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper.SMEM_BYTES
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="wg_split"):
+    hopper.HopperConfig(wg_split="k").check()
+  with pytest.raises(ValueError, match="multiple of 64"):
+    hopper.HopperConfig(tile_m=64, wg_split="m").check()
+  with pytest.raises(ValueError, match="epi_tile_n"):
+    hopper.HopperConfig(epi_tile_n=96).check()
+
+
+def test_unsupported_reason():
+  assert hopper.unsupported_reason(4096, 7168, 2048, out_dtype=BF16, has_c=True) is None
+  assert hopper.unsupported_reason(1, 1, 1, out_dtype=F32, has_c=False) is None
+  assert "out_dtype" in hopper.unsupported_reason(8, 8, 8, out_dtype=np.dtype(np.float16),
+                                                  has_c=False)
+
+
+# ---- GPU (Hopper) ---------------------------------------------------------------
+
+DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
+               (7168, 2048))
+# FP8 WGMMA on Hopper adds the products of a 128-deep block in a reduced-precision
+# (about 14-bit) accumulator: a float32 output carries ~1.3e-4 relative error
+# against float64 (cuBLAS blockwise FP8 shows the same), above the interpret-mode
+# bound of 1e-5. bf16 outputs keep the project bound.
+GPU_TOL = {BF16: testing.TOLERANCE[BF16], F32: 2.5e-4}
+
+
+def _gpu_operands(m, n, k, seed, with_c):
+  keys = jax.random.split(jax.random.key(seed), 5)
+  kb, nb = -(-k // 128), -(-n // 128)
+  a = (jax.random.normal(keys[0], (m, k)) * 64).astype(FP8)
+  b = (jax.random.normal(keys[1], (n, k)) * 64).astype(FP8)
+  sa = jnp.exp2(jax.random.uniform(keys[2], (m, kb), minval=-12.0, maxval=-4.0))
+  sb = jnp.exp2(jax.random.uniform(keys[3], (nb, kb), minval=-12.0, maxval=-4.0))
+  c = jax.random.normal(keys[4], (m, n)) if with_c else None
+  return a, sa, b, sb, c
+
+
+def _gpu_rel_error(out, a, sa, b, sb, c, beta):
+  """Relative Frobenius error against the float64 contract, evaluated on the GPU."""
+  with jax.enable_x64(True):
+    n, k = b.shape
+    a64 = a.astype(jnp.float64) * jnp.repeat(sa.astype(jnp.float64), 128, axis=1)[:, :k]
+    sbf = jnp.repeat(jnp.repeat(sb.astype(jnp.float64), 128, 0), 128, 1)[:n, :k]
+    ref = jnp.dot(a64, (b.astype(jnp.float64) * sbf).T, precision="highest")
+    if c is not None:
+      ref = ref + beta * c.astype(jnp.float64)
+    o = out.astype(jnp.float64)
+    if not bool(jnp.all(jnp.isfinite(o))):
+      return float("nan")
+    return float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref))
+
+
+def _gpu_check(m, n, k, out_dtype, with_c, seed=0):
+  a, sa, b, sb, c = _gpu_operands(m, n, k, seed, with_c)
+  beta = 0.5 if with_c else 1.0
+  out = jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(
+      *x, beta=beta, out_dtype=out_dtype, backend="pallas_sm90"))(a, sa, b, sb, c)
+  assert out.shape == (m, n) and np.dtype(out.dtype) == out_dtype
+  err = _gpu_rel_error(out, a, sa, b, sb, c, beta)
+  assert err <= GPU_TOL[out_dtype], f"{m}x{n}x{k}: relative error {err:.3e}"
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m", (64, 128, 4096))
+@pytest.mark.parametrize("n,k", DEEPSEEK_NK)
+def test_gpu_deepseek_shapes(m, n, k):
+  _gpu_check(m, n, k, BF16, with_c=False, seed=m + n + k)
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (7, 7000, 1000), (4097, 2112, 7168),
+                                   (4097, 7000, 1000), (300, 7000, 7168), (64, 7168, 2048)])
+@pytest.mark.parametrize("out_dtype,with_c", [(BF16, False), (F32, True), (BF16, True)])
+def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
+  _gpu_check(m, n, k, out_dtype, with_c)
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k", [(4096, 7168, 2048), (64, 2112, 7168), (4097, 7000, 1000)])
+def test_gpu_deterministic(m, n, k):
+  a, sa, b, sb, _ = _gpu_operands(m, n, k, 3, False)
+  f = jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(*x, backend="pallas_sm90"))
+  first = np.asarray(f(a, sa, b, sb).astype(jnp.float32))
+  for _ in range(3):
+    np.testing.assert_array_equal(np.asarray(f(a, sa, b, sb).astype(jnp.float32)), first)
