@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Bandwidth of jax_fp8's quantisers against the device's copy bandwidth.
+
+For each shape [R, C] (activations [M, K] for quantize_1x128, weights [N, K]
+for quantize_128x128) it reports GB/s = (bytes read + bytes written) / time:
+read R*C input elements, write R*C FP8 values and the float32 scales. The peer
+is a plain copy of the same input (x * s, s a runtime scalar so that XLA cannot
+drop it: R*C elements read and written), the bandwidth a memory-bound
+elementwise kernel can reach; "of_copy" = quantiser GB/s / copy GB/s.
+
+Timing is the same as benchmarks/blockwise_dot.py: on a GPU, the kernel time
+CUPTI records (jax.experimental.mosaic.gpu.profiler.measure, all kernels of one
+call), warm, input sets rotated past the L2, median of --iters; on the CPU,
+wall-clock median with block_until_ready (CPU numbers).
+
+  python benchmarks/quantize.py                        # auto: GPU or CPU shapes
+  python benchmarks/quantize.py --shapes=4096x7168,7168x16384 --json_out=q.json
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # blockwise_dot beside us
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import blockwise_dot as bd  # noqa: E402  (also puts the repository root on sys.path)
+import jax_fp8  # noqa: E402
+from jax_fp8 import quantize as jquant  # noqa: E402
+
+FLAGS = flags.FLAGS
+GPU_SHAPES = "4096x7168,8192x7168,7168x16384,24576x1536"
+CPU_SHAPES = "256x1024,1024x2048"
+
+
+def define_flags():
+  flags.DEFINE_string("shapes", "auto", f"comma list of RxC; auto: {GPU_SHAPES} on a GPU, "
+                      f"{CPU_SHAPES} on the CPU")
+  flags.DEFINE_enum("in_dtype", "bfloat16", ["bfloat16", "float32"], "input dtype")
+  flags.DEFINE_bool("power_of_two_scales", False, "UE8M0-style power-of-two scales")
+  flags.DEFINE_integer("iters", 20, "timed iterations (the median is reported)")
+  flags.DEFINE_integer("warmup", 2, "untimed warm-up iterations")
+  flags.DEFINE_integer("rotate_mb", 256, "rotate input sets covering at least this many MB")
+  flags.DEFINE_integer("max_sets", 8, "at most this many input sets")
+  flags.DEFINE_string("json_out", None, "write the results as JSON here")
+
+
+def parse_shapes(spec, on_gpu):
+  if spec == "auto":
+    spec = GPU_SHAPES if on_gpu else CPU_SHAPES
+  shapes = []
+  for item in (s.strip().lower() for s in spec.split(",") if s.strip()):
+    try:
+      r, c = (int(p) for p in item.split("x"))
+    except ValueError:
+      raise app.UsageError(f"--shapes: {item!r} is not RxC with two positive integers") from None
+    if min(r, c) < 1:
+      raise app.UsageError(f"--shapes: {item!r} has a dimension < 1")
+    shapes.append((r, c))
+  return shapes
+
+
+def op_fn(op, pow2):
+  if op == "quantize_1x128":
+    return functools.partial(jax_fp8.quantize_1x128, power_of_two_scales=pow2)
+  if op == "quantize_128x128":
+    return functools.partial(jax_fp8.quantize_128x128, power_of_two_scales=pow2)
+  return lambda x, s: x * s
+
+
+def op_bytes(op, r, c, in_bytes):
+  if op == "copy":
+    return 2 * r * c * in_bytes
+  scales = r * jquant.num_blocks(c) if op == "quantize_1x128" else \
+      jquant.num_blocks(r) * jquant.num_blocks(c)
+  return r * c * in_bytes + r * c + 4 * scales
+
+
+def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=print):
+  dev = bd.gpu_device() if on_gpu else None
+  in_bytes = np.dtype(in_dtype).itemsize
+  log(f"device: {bd.device_description(dev)}")
+  log("method: " + ("GPU kernel time through CUPTI (mosaic.gpu.profiler.measure)" if on_gpu
+                    else "CPU wall clock (CPU numbers)")
+      + f", median of {iters}, input sets rotated (>= {rotate_mb} MB, at most {max_sets}); "
+      "GB/s = (bytes read + written) / time")
+  head = f"{'shape RxC':<14}{'op':<18}{'ms':>10}{'GB/s':>10}{'of_copy':>9}"
+  log(head)
+  log("-" * len(head))
+  results = []
+  for (r, c) in shapes:
+    nsets = 1 if rotate_mb <= 0 else max(
+        2, min(max_sets, math.ceil(rotate_mb * 2**20 / (2 * r * c * in_bytes))))
+    keys = jax.random.split(jax.random.key(r * 7919 + c), nsets)
+    xs = [(jax.random.normal(kk, (r, c), jnp.float32) * 3).astype(in_dtype) for kk in keys]
+    copy_gbs = None
+    for op in ("copy", "quantize_1x128", "quantize_128x128"):
+      fn = op_fn(op, pow2)
+      args = [(x, jnp.asarray(1.5, in_dtype)) if op == "copy" else (x,) for x in xs]
+      row = {"rows": r, "cols": c, "op": op, "in_dtype": np.dtype(in_dtype).name,
+             "input_sets": nsets, "bytes": op_bytes(op, r, c, in_bytes)}
+      try:
+        if on_gpu:
+          ms, kernels, _ = bd._time_jax_gpu(fn, args, iters, warmup, out_bytes=r * c * in_bytes)
+          row["kernels"] = kernels
+        else:
+          ms, _ = bd._time_cpu(fn, args, iters, warmup)
+        row["ms"] = ms
+        row["gbs"] = row["bytes"] / (ms * 1e-3) / 1e9
+        if op == "copy":
+          copy_gbs = row["gbs"]
+        row["of_copy"] = row["gbs"] / copy_gbs if copy_gbs else None
+        of = "-" if row["of_copy"] is None else f"{row['of_copy']:.2f}"
+        log(f"{f'{r}x{c}':<14}{op:<18}{ms:>10.4f}{row['gbs']:>10.1f}{of:>9}")
+      except Exception as e:  # noqa: BLE001 (reported, not fatal)
+        row["error"] = bd._short(e)
+        log(f"{f'{r}x{c}':<14}{op:<18}  unavailable: {row['error']}")
+      results.append(row)
+    del xs
+  return {"device": bd.device_description(dev), "platform": "gpu" if on_gpu else "cpu",
+          "jax_version": jax.__version__, "power_of_two_scales": pow2,
+          "method": ("cupti kernel time" if on_gpu else "cpu wall clock")
+          + f", median of {iters}, rotating input sets", "results": results}
+
+
+def main(argv):
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  on_gpu = bd.gpu_device() is not None
+  if not on_gpu:
+    print("no GPU found: CPU numbers")
+  out = run(parse_shapes(FLAGS.shapes, on_gpu), np.dtype(FLAGS.in_dtype),
+            FLAGS.power_of_two_scales, max(1, FLAGS.iters), max(0, FLAGS.warmup),
+            FLAGS.rotate_mb, max(1, FLAGS.max_sets), on_gpu,
+            log=lambda s: print(s, flush=True))
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w") as f:
+      json.dump(out, f, indent=1)
+    print(f"wrote {FLAGS.json_out}")
+  return 0
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
