@@ -43,15 +43,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jax_fp8.pallas import common
+from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
+                                   unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      ProducerConsumerPipeline)
 
-K_BLOCK = 128          # one scale block of K = one pipeline step = one TMEM stage
-SCALE_N = 128          # columns sharing one b_scale value
+# K_BLOCK (common.py): one scale block of K = one pipeline step = one TMEM stage.
 TMEM_COLS = 512        # f32 columns of TMEM per SM
-SMEM_BYTES = 227 * 1024
-OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
-_C_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
 
 TMA_WARP, MMA_WARP, EPI_LOAD_WARP = 0, 1, 2
 CONTROL_WG, EPILOGUE_WG = 0, 1
@@ -102,18 +101,8 @@ class BlackwellConfig:
     return self.input_stages * stage + epi + 1024  # barriers and alignment slack
 
 
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
 def _num_sms() -> int:
-  try:
-    devices = jax.devices("gpu")
-  except RuntimeError:
-    devices = []
-  if devices and getattr(devices[0], "core_count", None):
-    return int(devices[0].core_count)
-  return 148  # B200
+  return common.num_sms(default=148)  # B200
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
@@ -134,24 +123,6 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       out_dtype, c_dtype) > SMEM_BYTES:
     stages -= 1
   return dataclasses.replace(cfg, input_stages=stages)
-
-
-def unsupported_reason(m, n, k, *, out_dtype, has_c) -> str | None:
-  del has_c
-  if np.dtype(out_dtype) not in OUT_DTYPES:
-    return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
-  if min(m, n, k) < 1:
-    return "empty problem"
-  if m >= 2**31 or n >= 2**31 or k >= 2**31:
-    return "dimensions must fit in int32"
-  return None
-
-
-def _tiled(dtype, cols):
-  """SMEM tiling + swizzle for a (rows, cols) TMA tile of `dtype`."""
-  swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
-  elems = swizzle // jnp.dtype(dtype).itemsize
-  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem,
@@ -292,7 +263,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   reason = unsupported_reason(m, n, k, out_dtype=out_dtype, has_c=c is not None)
   if reason is not None:
     raise ValueError(reason)
-  if c is not None and np.dtype(c.dtype) not in _C_DTYPES:
+  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
     c = c.astype(jnp.float32)
   cfg = config or default_config(m, n, k, out_dtype=out_dtype,
                                  c_dtype=None if c is None else c.dtype)
@@ -303,35 +274,21 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
                      "input_stages, c_stages, epi_tile_n or tile_n")
   k_blocks = pl.cdiv(k, K_BLOCK)
 
-  # Mosaic's tiled TMA views a global array through the SMEM tiling, so a
-  # dimension must be a multiple of its tile or smaller; a box may not exceed
-  # the array. Zero padding is exact and is sliced off the output.
-  kp = _round_up(k, K_BLOCK)
-  mp = max(_round_up(m, 8), cfg.tile_m)
-  nb_rows = max(_round_up(n, 8), cfg.tile_n)
-  n_out = max(_round_up(n, cfg.epi_tile_n), cfg.tile_n)
-  if (mp, kp) != (m, k):
-    a = jnp.pad(a, ((0, mp - m), (0, kp - k)))
-  if (nb_rows, kp) != (n, k):
-    b = jnp.pad(b, ((0, nb_rows - n), (0, kp - k)))
-  if c is not None and c.shape != (mp, n_out):
-    c = jnp.pad(c, ((0, mp - m), (0, n_out - n)))
-  # A-scales travel transposed, [K blocks, M]: a (1, tile_m) TMA block per step
-  # (a (tile_m, 1) float32 block is narrower than TMA's 16-byte minimum).
-  as_t = jnp.pad(a_scale.astype(jnp.float32).T, ((0, 0), (0, mp - m)))
+  ops = pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
+                    tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
 
-  tiles = pl.cdiv(mp, cfg.tile_m) * pl.cdiv(n, cfg.tile_n)
+  tiles = pl.cdiv(ops.rows, cfg.tile_m) * pl.cdiv(n, cfg.tile_n)
   grid = min(cfg.num_ctas or _num_sms(), tiles)
   fp8 = a.dtype
   scratch = dict(
       a_smem=plgpu.SMEM((cfg.input_stages, cfg.tile_m, K_BLOCK), fp8,
-                        transforms=_tiled(fp8, K_BLOCK)),
+                        transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((cfg.input_stages, cfg.tile_n, K_BLOCK), fp8,
-                        transforms=_tiled(fp8, K_BLOCK)),
+                        transforms=tiled(fp8, K_BLOCK)),
       as_smem=plgpu.SMEM((cfg.input_stages, 1, cfg.tile_m), jnp.float32),
       out_smem=plgpu.SMEM((2 if (cfg.tile_n // cfg.epi_tile_n) % 2 == 0 else 1,
                            cfg.tile_m, cfg.epi_tile_n), out_dtype,
-                          transforms=_tiled(out_dtype, cfg.epi_tile_n)),
+                          transforms=tiled(out_dtype, cfg.epi_tile_n)),
       acc_tmem=plgpu.TMEM((cfg.tile_m, cfg.tmem_stages * cfg.tile_n), jnp.float32),
   )
   # Input ring: full = 3 TMA copies (A, B, A-scales); empty = 2 releases (the
@@ -345,12 +302,12 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
     cb = EpiLoadPipeline.barriers(cfg.c_stages)
     scratch.update(
         c_smem=plgpu.SMEM((cfg.c_stages, cfg.tile_m, cfg.epi_tile_n), c.dtype,
-                          transforms=_tiled(c.dtype, cfg.epi_tile_n)),
+                          transforms=tiled(c.dtype, cfg.epi_tile_n)),
         c_full=cb["full"], c_empty=cb["empty"])
 
   kernel = plgpu.kernel(
       functools.partial(_kernel, cfg=cfg, n=n, k_blocks=k_blocks, beta=float(beta)),
-      out_type=jax.ShapeDtypeStruct((mp, n_out), out_dtype),
+      out_type=jax.ShapeDtypeStruct((ops.rows, ops.out_cols), out_dtype),
       grid=(grid,),
       grid_names=("sm",),
       num_threads=2,
@@ -358,7 +315,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  out = kernel(a, as_t, b, b_scale.astype(jnp.float32), c)
+  out = kernel(ops.a, ops.a_scale_t, ops.b, b_scale.astype(jnp.float32), ops.c)
   if out.shape != (m, n):
     out = out[:m, :n]
   return out

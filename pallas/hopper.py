@@ -28,21 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import core as jax_core
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-K_BLOCK = 128          # one scale block of K = one pipeline step
+from jax_fp8.pallas import autotune, common
+from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma,
+                                   tiled, unsupported_reason)
+
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
-SCALE_N = 128          # columns sharing one b_scale value
-SMEM_BYTES = 227 * 1024
-OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
-_C_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +108,6 @@ class HopperConfig:
     return self.stages * stage + epi + 1024  # barriers and alignment slack
 
 
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
 def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> HopperConfig:
   stages = max_stages
   while stages > 2 and dataclasses.replace(cfg, stages=stages).smem_bytes(out_dtype, c_dtype) > SMEM_BYTES:
@@ -156,25 +151,85 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   return _fit_stages(cfg, out_dtype, c_dtype, max_stages=6)
 
 
+def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
+                      c_dtype=None) -> list[HopperConfig]:
+  """The configs autotuning times for a shape: the heuristic's first, then the
+  tile shapes, warpgroup splits, tile orders and clusters worth trying there."""
+  if m <= 64:
+    tiles = [(64, 64, "n", 32), (64, 128, "n", 64), (64, 256, "n", 64)]
+    orders, clusters = ("m",), (1,)
+  else:
+    tiles = [(128, 256, "n", 64), (128, 128, "m", 64), (128, 128, "n", 64), (64, 128, "n", 64),
+             (64, 256, "n", 64), (256, 128, "m", 64)]
+    orders, clusters = ("n", "m"), ((1, 2) if m > 128 else (1,))
+  f32_out = np.dtype(out_dtype) == np.dtype(jnp.float32)
+  out = [default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)]
+  for tm, tn, split, epi in tiles:
+    for order in orders:
+      for cl in clusters:
+        cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl,
+                           epi_tile_n=min(epi, 32) if f32_out else epi)
+        cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=6)
+        try:
+          cfg.check()
+        except ValueError:
+          continue
+        if cfg not in out:
+          out.append(cfg)
+  return out
+
+
+def _tune_key(m, n, k, out_dtype, c_dtype) -> str:
+  return autotune.make_key("pallas_sm90", m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+
+
+def tune(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16, c_dtype=None, iters: int = 10,
+         candidates: list[HopperConfig] | None = None, seed: int = 0) -> HopperConfig:
+  """Times the candidate configs at this shape on this device (fresh random
+  operands); caches the fastest (pallas/autotune.py) and returns it.
+  blockwise_fp8_dot then uses it for this shape without being told."""
+  from jax_fp8 import reference, testing  # random operands, never zeros
+  out_dtype = np.dtype(out_dtype)
+  with_c = c_dtype is not None
+  ops = testing.random_operands(seed, m, n, k, with_c=with_c,
+                                c_dtype=c_dtype if with_c else jnp.float32)
+  beta = 1.0
+  # Each candidate's output is checked against the float32 reference path on
+  # the same device before it is timed. f32 outputs: FP8 WGMMA accumulates
+  # with ~14 bits inside a K block (1e-4 of the norm on the H100, like cuBLAS).
+  ref = jax.jit(functools.partial(reference.blockwise_fp8_dot, beta=beta,
+                                  out_dtype=jnp.float32))(*ops.args())
+  tol = 2.5e-4 if out_dtype == np.dtype(jnp.float32) else 4e-3
+
+  def check(out):
+    err = testing.rel_error(out, np.asarray(ref, np.float64))
+    if not err <= tol:  # NaN fails too
+      raise ValueError(f"relative error {err:.3e} > {tol:.1e}")
+
+  def time_config(cfg):
+    fn = functools.partial(blockwise_fp8_dot, beta=beta, out_dtype=out_dtype, config=cfg)
+    return autotune.kernel_time_ms(fn, ops.args(), iters=iters, check=check)
+
+  if candidates is None:
+    candidates = candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+  return autotune.tune(_tune_key(m, n, k, out_dtype, c_dtype), candidates, time_config)
+
+
+def _config_for(m, n, k, out_dtype, c_dtype) -> HopperConfig:
+  """The autotuned config if this shape was tuned on this device (tuning it now
+  under JAX_FP8_AUTOTUNE=1), else the heuristic's."""
+  cached = autotune.lookup(_tune_key(m, n, k, out_dtype, c_dtype))
+  if cached is not None:
+    return HopperConfig(**cached)
+  if autotune.enabled():
+    # We may be inside a jit trace: run the tuning calls eagerly, outside it.
+    with jax_core.eval_context():
+      return tune(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+  return default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+
+
 def _num_sms() -> int:
-  try:
-    devices = jax.devices("gpu")
-  except RuntimeError:
-    devices = []
-  if devices and getattr(devices[0], "core_count", None):
-    return int(devices[0].core_count)
-  return 132  # H100 SXM; also what lowering on a machine without a GPU assumes
-
-
-def unsupported_reason(m, n, k, *, out_dtype, has_c) -> str | None:
-  del has_c
-  if np.dtype(out_dtype) not in OUT_DTYPES:
-    return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
-  if min(m, n, k) < 1:
-    return "empty problem"
-  if m >= 2**31 or n >= 2**31 or k >= 2**31:
-    return "dimensions must fit in int32"
-  return None
+  return common.num_sms(default=132)  # H100 SXM; also what lowering without a GPU assumes
 
 
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperConfig,
@@ -188,11 +243,6 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl), pl.cdiv(n, tile_n)  # cluster tiles
   n_scale_blocks = bs_gmem.shape[0]
   out_dtype = out_gmem.dtype
-
-  def tiled(dtype, cols):
-    swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
-    elems = swizzle // jnp.dtype(dtype).itemsize
-    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
   op_transforms = tiled(a_gmem.dtype, K_BLOCK)  # 128 fp8 = 128 B: swizzle 128
 
@@ -309,37 +359,19 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   if reason is not None:
     raise ValueError(reason)
   k_blocks = pl.cdiv(k, K_BLOCK)
-  if c is not None and np.dtype(c.dtype) not in _C_DTYPES:
+  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
     c = c.astype(jnp.float32)
-  cfg = config or default_config(m, n, k, out_dtype=out_dtype,
-                                 c_dtype=None if c is None else c.dtype)
+  cfg = config or _config_for(m, n, k, out_dtype, None if c is None else np.dtype(c.dtype))
   cfg.check()
 
-  # Mosaic's TMA views a global array through the SMEM tiling ((8, 128) for the
-  # FP8 operands, (8, 128 B) for the epilogue), so a dimension must be a
-  # multiple of its tile or smaller than it; a TMA box may not exceed the
-  # array either. Zero padding is exact and is sliced off the output. The
-  # DeepSeek shapes (K, N multiples of 128) need no padding of a or b.
-  kp = _round_up(k, K_BLOCK)
-  mp = max(_round_up(m, 8), cfg.tile_m)
-  nb_rows = max(_round_up(n, 8), cfg.tile_n)
-  n_out = max(n if n % 64 == 0 else _round_up(n, 64), cfg.tile_n)
-  if (mp, kp) != (m, k):
-    a = jnp.pad(a, ((0, mp - m), (0, kp - k)))
-  if (nb_rows, kp) != (n, k):
-    b = jnp.pad(b, ((0, nb_rows - n), (0, kp - k)))
-  if c is not None and c.shape != (mp, n_out):
-    c = jnp.pad(c, ((0, mp - m), (0, n_out - n)))
-  # A-scales travel transposed, [K blocks, M]: a (1, tile_m) TMA block per step.
-  as_t = jnp.pad(a_scale.T, ((0, 0), (0, mp - m)))
-  m_out = mp
-
+  ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                    out_cols_multiple=64)
   cl = cfg.cluster_m
   tiles = pl.cdiv(pl.cdiv(m, cfg.tile_m), cl) * pl.cdiv(n, cfg.tile_n)  # cluster tiles
   grid = min((cfg.num_sms or _num_sms()) // cl, tiles)
   kernel = plgpu.kernel(
       functools.partial(_kernel, cfg=cfg, m=m, n=n, k_blocks=k_blocks, beta=float(beta)),
-      out_type=jax.ShapeDtypeStruct((m_out, n_out), out_dtype),
+      out_type=jax.ShapeDtypeStruct((ops.rows, ops.out_cols), out_dtype),
       grid=(grid,),
       grid_names=("sm",),
       cluster=(cl,),
@@ -348,10 +380,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  if c is None:
-    out = kernel(a, as_t, b, b_scale, None)
-  else:
-    out = kernel(a, as_t, b, b_scale, c)
+  out = kernel(ops.a, ops.a_scale_t, ops.b, b_scale, ops.c)
   if out.shape != (m, n):
     out = out[:m, :n]
   return out

@@ -1,0 +1,180 @@
+"""Autotuning for the Pallas kernels: the fastest config per (kernel, device, shape).
+
+A shape heuristic (each kernel's `default_config`) is right for most shapes;
+autotuning times a kernel's candidate configs on the actual device and keeps
+the fastest, cached in memory and in a JSON file so a process tunes a shape
+once per device, ever:
+
+    from jax_fp8.pallas import hopper
+    hopper.autotune(4096, 7168, 2048)          # times the candidates, caches the best
+    jax_fp8.blockwise_fp8_dot(...)             # now lowers with the cached config
+
+With JAX_FP8_AUTOTUNE=1 in the environment, a cache miss at lowering time
+tunes that shape on the spot (fresh random operands, outside any trace).
+The cache file is $JAX_FP8_AUTOTUNE_CACHE, else
+$XDG_CACHE_HOME/jax_fp8/autotune.json (~/.cache/jax_fp8/autotune.json).
+
+Timing: on a GPU, kernel time through CUPTI
+(`jax.experimental.mosaic.gpu.profiler.measure`), warm, median of `iters`
+calls; elsewhere (GPU interpret mode on the CPU, how CI exercises this) the
+wall clock, which only proves that the machinery works.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+_lock = threading.Lock()
+_memory: dict[str, dict[str, Any]] = {}   # key -> cache entry, for the cache file in use
+_memory_path: pathlib.Path | None = None
+
+
+def enabled() -> bool:
+  """Whether a cache miss at lowering time should tune (JAX_FP8_AUTOTUNE=1)."""
+  return os.environ.get("JAX_FP8_AUTOTUNE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def cache_path() -> pathlib.Path:
+  explicit = os.environ.get("JAX_FP8_AUTOTUNE_CACHE")
+  if explicit:
+    return pathlib.Path(explicit)
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return pathlib.Path(base) / "jax_fp8" / "autotune.json"
+
+
+def device_name() -> str:
+  """What the timings depend on: the GPU model, or the CPU in interpret mode."""
+  try:
+    gpus = jax.devices("gpu")
+  except RuntimeError:
+    gpus = []
+  if gpus:
+    return gpus[0].device_kind
+  return "cpu (GPU interpret mode)"
+
+
+def make_key(kernel: str, m: int, n: int, k: int, *, out_dtype, c_dtype=None,
+             device: str | None = None) -> str:
+  c = "none" if c_dtype is None else np.dtype(c_dtype).name
+  return (f"{kernel}|{device or device_name()}|{m}x{n}x{k}|"
+          f"out={np.dtype(out_dtype).name}|c={c}")
+
+
+def _entries() -> dict[str, dict[str, Any]]:
+  """The cache of the current cache file, read once per file (call under _lock)."""
+  global _memory_path
+  path = cache_path()
+  if path != _memory_path:
+    _memory.clear()
+    try:
+      _memory.update(json.loads(path.read_text()))
+    except FileNotFoundError:
+      pass
+    except (OSError, ValueError) as e:  # a corrupt cache is ignored, then rewritten
+      print(f"jax_fp8: ignoring unreadable autotune cache {path}: {e}")
+    _memory_path = path
+  return _memory
+
+
+def lookup(key: str) -> dict[str, Any] | None:
+  """The cached best config (as a dict of its fields) for key, or None."""
+  with _lock:
+    entry = _entries().get(key)
+  return None if entry is None else dict(entry["config"])
+
+
+def _store(key: str, entry: dict[str, Any]) -> None:
+  with _lock:
+    entries = _entries()
+    entries[key] = entry
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write-then-rename: a reader never sees half a file.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+      json.dump(entries, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def clear_memory() -> None:
+  """Forgets what was read from the cache file (tests; a changed file is re-read)."""
+  global _memory_path
+  with _lock:
+    _memory.clear()
+    _memory_path = None
+
+
+def kernel_time_ms(fn: Callable, args: Sequence[Any], *, iters: int = 10,
+                   check: Callable[[Any], None] | None = None) -> float:
+  """Median time of fn(*args): CUPTI kernel time on a GPU, else the wall clock.
+
+  check(output) runs on the first output and raises if it is wrong: a config
+  that computes garbage fast must never win.
+  """
+  compiled = jax.jit(fn).lower(*args).compile()
+  out = jax.block_until_ready(compiled(*args))  # also the warm-up
+  if check is not None:
+    check(out)
+  if jax.default_backend() == "gpu":
+    from jax.experimental.mosaic.gpu import profiler
+    # A Compiled is timed as it is (a plain callable would be re-jitted).
+    _, times = profiler.measure(compiled, iterations=iters)(*args)
+    if times is None:
+      raise RuntimeError("CUPTI recorded no kernel")
+    times = [times] if isinstance(times, float) else list(times)
+    return statistics.median(times)
+  times = []
+  for _ in range(min(iters, 2)):  # interpret mode: slow, and the time means little
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append((time.perf_counter() - t0) * 1e3)
+  return statistics.median(times)
+
+
+def tune(key: str, candidates: Iterable[Any], time_config: Callable[[Any], float]) -> Any:
+  """Times every candidate config with time_config(cfg) -> ms; caches and returns the best.
+
+  A candidate that fails (does not compile, say, for lack of registers or
+  SMEM) is recorded as failed and skipped; if all fail, the first error is raised.
+  """
+  candidates = list(candidates)
+  if not candidates:
+    raise ValueError(f"no candidate configs to tune {key}")
+  results, first_error = [], None
+  for cfg in candidates:
+    try:
+      results.append((float(time_config(cfg)), cfg))
+    except Exception as e:  # noqa: BLE001 (a candidate may fail in any way)
+      first_error = first_error or e
+      _reset_interpreter_after_error()
+  if not results:
+    raise RuntimeError(f"every candidate config failed for {key}") from first_error
+  ms, best = min(results, key=lambda r: r[0])
+  _store(key, {
+      "config": dataclasses.asdict(best),
+      "ms": ms,
+      "candidates": [{"config": dataclasses.asdict(c), "ms": t} for t, c in results],
+      "failed": len(candidates) - len(results),
+      "date": time.strftime("%Y-%m-%d"),
+  })
+  return best
+
+
+def _reset_interpreter_after_error() -> None:
+  # A kernel that raised inside GPU interpret mode leaves the interpreter's
+  # shared state behind; the next kernel needs it reset.
+  try:
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    interpret_pallas_call.reset_gpu_interpret_mode_state()
+  except (ImportError, AttributeError):
+    pass
