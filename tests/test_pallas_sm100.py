@@ -10,6 +10,10 @@ the persistent loop carries the rings' phases across tiles.
 """
 import contextlib
 import dataclasses
+import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -161,3 +165,16 @@ def test_on_blackwell_gpu():
   out = jax_fp8.blockwise_fp8_dot(*ops.args(), beta=0.5, out_dtype=jnp.bfloat16,
                                   backend="pallas_sm100")
   testing.assert_close(out, testing.reference_f64(*ops.args(), beta=0.5), BF16)
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("flags", [[], ["--with_c", "--out_dtype=float32"]])
+def test_cross_compiles_for_sm100a(flags):
+  """Compile-only (there is no Blackwell GPU here): on a Hopper machine,
+  tools/xcompile_sm100.py compiles the kernel for sm_100a and checks its PTX."""
+  tool = pathlib.Path(__file__).resolve().parent.parent / "tools" / "xcompile_sm100.py"
+  run = subprocess.run([sys.executable, str(tool), *flags], capture_output=True, text=True,
+                       timeout=600)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+  report = json.loads(run.stdout.strip().splitlines()[-1])
+  assert report["target_sm_100a"] and report["tcgen05_mma_f8f6f4"] > 0, report
