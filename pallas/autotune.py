@@ -39,6 +39,13 @@ _memory: dict[str, dict[str, Any]] = {}   # key -> cache entry, for the cache fi
 _memory_path: pathlib.Path | None = None
 
 
+def _interpreting() -> bool:
+  # Interpret mode runs the kernel on the CPU even where a GPU exists: CUPTI
+  # would see no kernel of ours, and the timings are not the GPU's.
+  from jax_fp8.backends import gpu_interpret_mode_active
+  return gpu_interpret_mode_active()
+
+
 def enabled() -> bool:
   """Whether a cache miss at lowering time should tune (JAX_FP8_AUTOTUNE=1)."""
   return os.environ.get("JAX_FP8_AUTOTUNE", "").strip().lower() not in ("", "0", "false", "no")
@@ -54,6 +61,8 @@ def cache_path() -> pathlib.Path:
 
 def device_name() -> str:
   """What the timings depend on: the GPU model, or the CPU in interpret mode."""
+  if _interpreting():
+    return "cpu (GPU interpret mode)"
   try:
     gpus = jax.devices("gpu")
   except RuntimeError:
@@ -125,7 +134,7 @@ def kernel_time_ms(fn: Callable, args: Sequence[Any], *, iters: int = 10,
   out = jax.block_until_ready(compiled(*args))  # also the warm-up
   if check is not None:
     check(out)
-  if jax.default_backend() == "gpu":
+  if jax.default_backend() == "gpu" and not _interpreting():
     from jax.experimental.mosaic.gpu import profiler
     # A Compiled is timed as it is (a plain callable would be re-jitted).
     _, times = profiler.measure(compiled, iterations=iters)(*args)
