@@ -315,7 +315,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  out = kernel(ops.a, ops.a_scale_t, ops.b, b_scale.astype(jnp.float32), ops.c)
+  out = kernel(ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), ops.c)
   if out.shape != (m, n):
     out = out[:m, :n]
   return out

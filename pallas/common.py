@@ -54,15 +54,19 @@ def tiled(dtype, cols):
 class TmaOperands:
   """Operands padded for tiled TMA; the kernel's output is (rows, out_cols)."""
   a: jax.Array
-  a_scale_t: jax.Array  # [K blocks, rows]: the A-scales of a tile are one (1, tile_m) box
+  # The A-scales, either transposed ([K blocks, rows]: a tile's scales of one K
+  # block are one (1, tile_m) TMA box) or as given ([rows', K blocks], rows
+  # padded to whole tiles for kernels that load them straight from GMEM).
+  a_scale: jax.Array
   b: jax.Array
   c: jax.Array | None
   rows: int
   out_cols: int
 
 
-def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple: int):
-  """Zero-pads a, b, c and the transposed A-scales to what tiled TMA can address.
+def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple: int,
+                transpose_a_scale: bool = True, a_scale_rows_multiple: int = 1):
+  """Zero-pads a, b, c (and the A-scales) to what tiled TMA and the kernel can address.
 
   Mosaic's TMA views a global array through the SMEM tiling ((8, 128) for the
   FP8 operands, (8, 128 B) for the epilogue), so a dimension must be a multiple
@@ -82,6 +86,12 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
     b = jnp.pad(b, ((0, b_rows - n), (0, kp - k)))
   if c is not None and c.shape != (rows, out_cols):
     c = jnp.pad(c, ((0, rows - m), (0, out_cols - n)))
-  # (A (tile_m, 1) float32 box would be narrower than TMA's 16-byte minimum.)
-  a_scale_t = jnp.pad(a_scale.T, ((0, 0), (0, rows - m)))
-  return TmaOperands(a, a_scale_t, b, c, rows, out_cols)
+  if transpose_a_scale:
+    # (A (tile_m, 1) float32 box would be narrower than TMA's 16-byte minimum.)
+    a_scale = jnp.pad(a_scale.T, ((0, 0), (0, rows - m)))
+  else:
+    # Every row a tile reads must exist: plain loads have no TMA bounds check.
+    scale_rows = round_up(m, a_scale_rows_multiple)
+    if scale_rows != m:
+      a_scale = jnp.pad(a_scale, ((0, scale_rows - m), (0, 0)))
+  return TmaOperands(a, a_scale, b, c, rows, out_cols)

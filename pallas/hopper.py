@@ -5,24 +5,29 @@
 Structure (one CTA per SM, persistent):
 - three warpgroups: two consumers (WGMMA + promotion + epilogue) and one TMA
   producer (`plgpu.emit_pipeline_warp_specialized`), which streams per K block
-  the A tile (tile_m, 128), the B tile (tile_n, 128) and the A-scales of the
-  tile rows (a (1, tile_m) block of the transposed scales) into an SMEM ring
-  of `stages` slots;
+  the A tile (tile_m, 128) and the B tile (tile_n, 128) into an SMEM ring of
+  `stages` slots;
 - the CTA walks output tiles in a grouped ("planar snake") order, so
   consecutive tiles of the 132 CTAs share A rows / B columns in L2;
 - two-level accumulation: each 128-deep K block goes through WGMMA into a fresh
   accumulator (`plgpu.ACC`), then is promoted into a float32 register
   accumulator: acc += block * a_scale[rows] * b_scale. While one consumer
   promotes, the other's WGMMA keeps the tensor cores busy;
-- epilogue: acc (+ beta * c, c loaded by TMA) is cast, written to SMEM and
-  stored with TMA in (64, epi_tile_n) pieces, double-buffered.
+- the scales of K block kb + 1 are loaded from GMEM (L1-cached: a row's scales
+  are adjacent) while block kb's WGMMA runs, and carried to the next step, so
+  their latency is never waited for; the A-scales need no transpose and no SMEM;
+- epilogue: acc (+ beta * c) is cast, written to SMEM and stored with TMA in
+  (64, epi_tile_n) pieces, double-buffered. c streams by TMA through a 2-slot
+  ring per warpgroup: its first piece is requested before the K loop, each
+  next piece while the current one is computed.
 
 Both operands are K-major in SMEM (FP8 WGMMA takes no transposes). Edges: TMA
 reads out of bounds give zeros (exact for the partial last K block and for
 partial M/N tiles) and TMA writes out of bounds are dropped. Mosaic's tiled
 TMA needs every dimension to be a multiple of its SMEM tile (or smaller), so
 the wrapper zero-pads what is not (K to 128, M and N to 8, the output's N to
-64); padding is exact and sliced off. DeepSeek-V3 shapes need none for a, b.
+64, the A-scale rows to whole tiles); padding is exact and sliced off.
+DeepSeek-V3 shapes need none.
 """
 from __future__ import annotations
 
@@ -88,23 +93,25 @@ class HopperConfig:
     wm, wn = self.wg_tile()
     if wm % CHUNK_M or wm < CHUNK_M:
       raise ValueError(f"each warpgroup's rows ({wm}) must be a multiple of {CHUNK_M}")
-    if wn < 32 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
-      raise ValueError(f"each warpgroup's columns ({wn}) must divide or be a multiple of 128")
+    if wn < 16 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
+      raise ValueError(f"each warpgroup's columns ({wn}) must be >= 16 and divide or be a "
+                       "multiple of 128")
     if self.tile_m > 256 or self.tile_n > 256:
       raise ValueError("tile_m and tile_n must be <= 256 (TMA box limit)")
     cn = self.chunk()[1]
-    if cn % self.epi_tile_n:
-      raise ValueError(f"epi_tile_n={self.epi_tile_n} must divide the chunk width {cn}")
+    if cn % self.epi_tile_n or self.epi_tile_n < 16:
+      raise ValueError(f"epi_tile_n={self.epi_tile_n} must be >= 16 and divide the chunk "
+                       f"width {cn}")
     if self.cluster_m not in (1, 2):
       raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
     if self.stages < 1 or self.group < 1:
       raise ValueError("stages and group must be >= 1")
 
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
-    stage = self.tile_m * K_BLOCK + self.tile_n * K_BLOCK + self.tile_m * 4
+    stage = self.tile_m * K_BLOCK + self.tile_n * K_BLOCK
     epi = 2 * 2 * CHUNK_M * self.epi_tile_n * np.dtype(out_dtype).itemsize
-    if c_dtype is not None:
-      epi += 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
+    if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
+      epi += 2 * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.stages * stage + epi + 1024  # barriers and alignment slack
 
 
@@ -118,26 +125,50 @@ def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> Hoppe
 # Large-M candidates and their per-tile efficiency relative to 128 x 256 (measured
 # on the H100 at full waves): wider tiles read less A/B per FLOP.
 _LARGE_M_TILES = ((128, 256, "n", 1.0), (128, 128, "m", 0.93), (64, 128, "n", 0.8))
+# Small-M (decode) candidates and their time per tile in units of "columns": the
+# problem is bandwidth-bound, a tile costs its width plus a fixed part (its A
+# tile, the epilogue) worth ~32 columns; a 128-row tile ~1.6x a 64-row one.
+_SMALL_M_TILES = ((64, 32, "n", 1.0), (64, 64, "n", 1.0), (64, 128, "n", 1.0),
+                  (64, 256, "n", 1.0), (128, 64, "m", 1.6), (128, 256, "n", 1.6))
+# SMEM the operand ring may take. What SMEM leaves free is L1, where the scale
+# loads hit: on the H100 a ring of ~144 KB was fastest for every tile (8 stages
+# of 64 x 32 up to 3 of 128 x 256; 6 stages of 128 x 128 ran 10% slower than 4,
+# 8 stages of 64 x 32 7% faster than 4).
+_RING_BYTES = 144 * 1024
+
+
+def _ring_stages(tile_m: int, tile_n: int) -> int:
+  return max(2, min(8, _RING_BYTES // ((tile_m + tile_n) * K_BLOCK)))
+
+
+def _with_epilogue(cfg: HopperConfig, out_dtype) -> HopperConfig:
+  """The widest epilogue store the chunk and the output dtype allow (<= 128 B rows)."""
+  widest = 32 if np.dtype(out_dtype) == np.dtype(jnp.float32) else 64
+  return dataclasses.replace(cfg, epi_tile_n=min(widest, cfg.chunk()[1]))
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                    c_dtype=None) -> HopperConfig:
   """Tiling heuristic by shape (from H100 measurements of the DeepSeek-V3 shapes).
 
-  - M <= 64 (decode): 64-row tiles, never a 128-row one. The problem is
-    bandwidth-bound and N alone must feed the SMs: 64 x 64 tiles unless N is
-    wide enough for 64 x 256 tiles to fill the SMs (N >= ~24K).
+  - M <= 128 (decode): bandwidth-bound; the tiling that finishes soonest when
+    the tiles are spread over the SMs in waves (waves x cost per tile), down
+    to 64 x 32 tiles so that narrow N still feeds every SM. A 128-row tile is
+    never used for M <= 64.
   - larger M: among 128 x 256, 128 x 128 and 64 x 128 tiles, the one with the
     best (wave efficiency x per-tile efficiency): the last wave of a persistent
     grid that is mostly empty costs as much as a full one.
   """
   del k
   num_sms = _num_sms()
-  if m <= 64:
-    if pl.cdiv(n, 256) >= 96:
-      cfg = HopperConfig(tile_m=64, tile_n=256, wg_split="n", grid_minor="m")
-    else:
-      cfg = HopperConfig(tile_m=64, tile_n=64, wg_split="n", grid_minor="m", epi_tile_n=32)
+  if m <= 128:
+    def cost(t):
+      tm, tn, _, weight = t
+      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
+      return (pl.cdiv(tiles, num_sms) * weight * (tn + 32), -tm * tn)
+    tiles = [t for t in _SMALL_M_TILES if t[0] <= max(64, m)]
+    tm, tn, split, _ = min(tiles, key=cost)
+    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m")
   else:
     def score(t):
       tm, tn, _, eff = t
@@ -146,36 +177,38 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     tm, tn, split, _ = max(_LARGE_M_TILES, key=score)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split,
                        grid_minor="n" if m >= 1024 else "m")
-  if np.dtype(out_dtype) == np.dtype(jnp.float32) and cfg.epi_tile_n > 32:
-    cfg = dataclasses.replace(cfg, epi_tile_n=32)
-  return _fit_stages(cfg, out_dtype, c_dtype, max_stages=6)
+  cfg = _with_epilogue(cfg, out_dtype)
+  return _fit_stages(cfg, out_dtype, c_dtype, max_stages=_ring_stages(tm, tn))
 
 
 def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                       c_dtype=None) -> list[HopperConfig]:
   """The configs autotuning times for a shape: the heuristic's first, then the
-  tile shapes, warpgroup splits, tile orders and clusters worth trying there."""
-  if m <= 64:
-    tiles = [(64, 64, "n", 32), (64, 128, "n", 64), (64, 256, "n", 64)]
+  tile shapes, warpgroup splits, ring depths, tile orders and clusters worth
+  trying there."""
+  if m <= 128:
+    tiles = [(64, 32, "n"), (64, 64, "n"), (64, 128, "n"), (64, 256, "n")]
+    if m > 64:
+      tiles += [(128, 64, "m"), (128, 128, "m"), (128, 256, "n")]
     orders, clusters = ("m",), (1,)
   else:
-    tiles = [(128, 256, "n", 64), (128, 128, "m", 64), (128, 128, "n", 64), (64, 128, "n", 64),
-             (64, 256, "n", 64), (256, 128, "m", 64)]
-    orders, clusters = ("n", "m"), ((1, 2) if m > 128 else (1,))
-  f32_out = np.dtype(out_dtype) == np.dtype(jnp.float32)
+    tiles = [(128, 256, "n"), (128, 128, "m"), (128, 128, "n"), (64, 128, "n"),
+             (64, 256, "n"), (256, 128, "m")]
+    orders, clusters = ("n" if m >= 1024 else "m",), (1, 2)
   out = [default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)]
-  for tm, tn, split, epi in tiles:
+  for tm, tn, split in tiles:
     for order in orders:
       for cl in clusters:
-        cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl,
-                           epi_tile_n=min(epi, 32) if f32_out else epi)
-        cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=6)
+        cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl)
         try:
+          cfg = _with_epilogue(cfg, out_dtype)
           cfg.check()
         except ValueError:
           continue
-        if cfg not in out:
-          out.append(cfg)
+        for stages in (_ring_stages(tm, tn), _ring_stages(tm, tn) + 1):
+          staged = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages)
+          if staged not in out:
+            out.append(staged)
   return out
 
 
@@ -255,7 +288,6 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
             plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms),
             plgpu.BlockSpec((tile_n, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms,
                             collective_axes=("cluster",) if cl > 1 else ()),
-            plgpu.BlockSpec((1, tile_m), lambda kb: (kb, 0)),
         ],
         wg_axis="wg",
         num_compute_wgs=2,
@@ -268,12 +300,14 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   ignore = lambda *_, **__: None
   scratch = dict(
       pipeline_allocs=make_pipeline(ignore, ignore).get_allocations(
-          a_gmem.at[:tile_m], b_gmem.at[:tile_n], as_gmem.at[:, :tile_m]),
+          a_gmem.at[:tile_m], b_gmem.at[:tile_n]),
       out_smem=plgpu.SMEM((2, out_slots, cm, epi_n), out_dtype, transforms=tiled(out_dtype, epi_n)),
   )
   if c_gmem is not None:
-    scratch["c_smem"] = plgpu.SMEM((2, cm, epi_n), c_gmem.dtype, transforms=tiled(c_gmem.dtype, epi_n))
-    scratch["c_barrier"] = plgpu.Barrier(num_barriers=2)
+    # Per warpgroup, a 2-slot ring of c pieces (one piece = one epilogue store).
+    scratch["c_smem"] = plgpu.SMEM((2, 2, cm, epi_n), c_gmem.dtype,
+                                   transforms=tiled(c_gmem.dtype, epi_n))
+    scratch["c_barrier"] = plgpu.Barrier(num_barriers=4)  # [warpgroup * 2 + slot]
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
   def _scope(pipeline_allocs, out_smem, c_smem=None, c_barrier=None):
@@ -295,15 +329,24 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
       else:
         wr, wc = 0, wg * wn
 
-      def body(idx, a_smem, b_smem, as_smem, acc):
+      def chunk_scales(kb):
+        """a_scale[rows] * b_scale of each chunk for K block kb (one value per row)."""
+        out = []
+        for r, c in chunks:
+          nb = jnp.minimum((n0 + wc + c) // SCALE_N, n_scale_blocks - 1)
+          s_a = plgpu.load(as_gmem.at[pl.ds(m0 + wr + r, cm), kb],
+                           layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+          out.append(s_a * bs_gmem[nb, kb])
+        return tuple(out)
+
+      def body(idx, a_smem, b_smem, carry):
         (kb,) = idx
+        acc, scales = carry
+        # Issued now, used in the next step: the loads overlap this step's WGMMAs.
+        next_scales = chunk_scales(jnp.minimum(kb + 1, k_blocks - 1))
         new_acc = []
-        for (r, c), acc_c in zip(chunks, acc):
+        for (r, c), acc_c, s in zip(chunks, acc, scales):
           rows, cols = wr + r, wc + c
-          # Scales first: their loads overlap the WGMMA below.
-          nb = jnp.minimum((n0 + cols) // SCALE_N, n_scale_blocks - 1)
-          s_b = bs_gmem[nb, kb]
-          s_a = plgpu.load(as_smem.at[0, pl.ds(rows, cm)], layout=plgpu.Layout.WGMMA.reduce(1))
 
           def mma(block_ref, rows=rows, cols=cols):
             plgpu.wgmma(block_ref, a_smem.at[pl.ds(rows, cm)],
@@ -312,37 +355,49 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
 
           block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
           # promote: the f32 sum over K blocks runs outside the tensor cores.
-          new_acc.append(acc_c + block * lax.broadcast_in_dim(s_a * s_b, block.shape, [0]))
-        # The A-scales were read by the generic proxy; fence before the slot
-        # is released to the producer's TMA (async proxy) writes.
-        plgpu.commit_smem()
-        return tuple(new_acc)
+          new_acc.append(acc_c + block * lax.broadcast_in_dim(s, block.shape, [0]))
+        # Only WGMMA (the async proxy) read this slot, so releasing it to the
+        # producer's TMA needs no proxy fence.
+        return tuple(new_acc), next_scales
+
+      # The epilogue's pieces: (row, column) of each (64, epi_tile_n) store in the
+      # warpgroup's tile, chunk by chunk.
+      pieces = [(r, c + e) for r, c in chunks for e in range(0, cn, epi_n)]
+
+      def load_c(i):
+        """Starts the TMA of c for piece i into its ring slot."""
+        r, col = pieces[i]
+        slot = i % 2
+        plgpu.copy_gmem_to_smem(c_gmem.at[pl.ds(m0 + wr + r, cm), pl.ds(n0 + wc + col, epi_n)],
+                                c_smem.at[wg, slot], c_barrier.at[wg * 2 + slot])
 
       def compute_context(run_pipeline):
+        if c_gmem is not None:
+          load_c(0)  # c's first piece arrives while the K loop runs
         zero = plgpu.layout_cast(jnp.zeros((cm, cn), jnp.float32), plgpu.Layout.WGMMA)
-        acc = run_pipeline(tuple(zero for _ in chunks))
-        # Epilogue: (+ beta * c), cast, SMEM, TMA store; stores are double-buffered.
-        step = 0
-        for (r, c), acc_c in zip(chunks, acc):
-          for e in range(0, cn, epi_n):
-            gm = pl.ds(m0 + wr + r, cm)
-            gn = pl.ds(n0 + wc + c + e, epi_n)
-            val = acc_c[:, e:e + epi_n]
-            if c_gmem is not None:
-              plgpu.copy_gmem_to_smem(c_gmem.at[gm, gn], c_smem.at[wg], c_barrier.at[wg])
-              plgpu.barrier_wait(c_barrier.at[wg])
-              val = val + c_smem[wg].astype(jnp.float32) * beta
-            slot = step % out_slots
-            plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-            out_smem[wg, slot] = val.astype(out_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], out_gmem.at[gm, gn])
-            step += 1
+        acc, _ = run_pipeline((tuple(zero for _ in chunks), chunk_scales(0)))
+        # Epilogue: (+ beta * c), cast, SMEM, TMA store; stores are double-buffered,
+        # and c piece i + 1 loads while piece i is computed.
+        for i, (r, col) in enumerate(pieces):
+          chunk = chunks.index((r, col - col % cn))
+          val = acc[chunk][:, col % cn:col % cn + epi_n]
+          if c_gmem is not None:
+            if i + 1 < len(pieces):
+              # Its slot was last read for piece i - 1, before that piece's
+              # commit_smem (a warpgroup barrier and proxy fence).
+              load_c(i + 1)
+            plgpu.barrier_wait(c_barrier.at[wg * 2 + i % 2])
+            val = val + c_smem[wg, i % 2].astype(jnp.float32) * beta
+          slot = i % out_slots
+          plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
+          out_smem[wg, slot] = val.astype(out_dtype)
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                  out_gmem.at[pl.ds(m0 + wr + r, cm), pl.ds(n0 + wc + col, epi_n)])
 
       make_pipeline(body, compute_context)(
           a_gmem.at[pl.ds(m0, tile_m)],
           b_gmem.at[pl.ds(n0, tile_n)],
-          as_gmem.at[:, pl.ds(m0, tile_m)],
           allocations=pipeline_allocs,
       )
 
@@ -365,7 +420,8 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   cfg.check()
 
   ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                    out_cols_multiple=64)
+                    out_cols_multiple=64, transpose_a_scale=False,
+                    a_scale_rows_multiple=cfg.tile_m * cfg.cluster_m)
   cl = cfg.cluster_m
   tiles = pl.cdiv(pl.cdiv(m, cfg.tile_m), cl) * pl.cdiv(n, cfg.tile_n)  # cluster tiles
   grid = min((cfg.num_sms or _num_sms()) // cl, tiles)
@@ -380,7 +436,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  out = kernel(ops.a, ops.a_scale_t, ops.b, b_scale, ops.c)
+  out = kernel(ops.a, ops.a_scale, ops.b, b_scale, ops.c)
   if out.shape != (m, n):
     out = out[:m, :n]
   return out

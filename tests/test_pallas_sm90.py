@@ -11,6 +11,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 import numpy as np
 import pytest
 from conftest import requires_gpu
@@ -30,6 +31,10 @@ SPLIT_M = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, nu
 # The large-M default structure: 128 x 256 tiles, each warpgroup 128 x 128 in two
 # 64-row chunks, 4 stages, grouped tile order.
 DEFAULT_LARGE = dataclasses.replace(hopper.HopperConfig(), num_sms=2)
+# The narrowest decode tile: 64 x 32, each warpgroup 64 x 16 (WGMMA n=16), 16-column
+# epilogue stores; 3 CTAs over 4 N tiles.
+NARROW = hopper.HopperConfig(tile_m=64, tile_n=32, wg_split="n", stages=3, num_sms=3,
+                             epi_tile_n=16, grid_minor="m")
 
 
 def _interpret(fn, *args):
@@ -58,6 +63,8 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (130, 136, 384, SPLIT_M, False, F32, 1.0, None),
     (256, 512, 256, DEFAULT_LARGE, False, BF16, 1.0, None),
     (136, 264, 200, DEFAULT_LARGE, True, F32, 0.25, jnp.float32),
+    (70, 100, 300, NARROW, True, F32, 0.5, jnp.float32),
+    (5, 128, 640, NARROW, False, BF16, 1.0, None),
     # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
     (130, 300, 300, dataclasses.replace(SMALL, num_sms=4, cluster_m=2), True, F32, 0.5, jnp.float32),
 ])
@@ -127,6 +134,11 @@ def test_default_config_heuristic():
     assert hopper.default_config(64, n, k).tile_m == 64
   big = hopper.default_config(4096, 7168, 2048)
   assert (big.tile_m, big.tile_n) == (128, 256)
+  # Narrow N at small M: tiles narrow enough to give most of the 132 SMs work.
+  for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168)):
+    cfg = hopper.default_config(m, n, k)
+    tiles = pl.cdiv(m, cfg.tile_m) * pl.cdiv(n, cfg.tile_n)
+    assert 64 <= tiles <= 132, (m, n, k, cfg)
   for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168)):
     for out_dtype in (BF16, F32):
       for c_dtype in (None, jnp.float32):
