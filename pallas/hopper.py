@@ -60,10 +60,14 @@ class HopperConfig:
   accumulator is live next to the float32 accumulator (register budget).
   stages: SMEM ring depth of the TMA pipeline. grid_minor / group: tile order
   (planar snake over groups of `group` tiles along the minor dimension).
-  epi_tile_n: column width of one epilogue store. num_sms: CTAs of the
+  epi_tile_n: column width of one epilogue store; epi_slots: SMEM buffers per
+  warpgroup for the stores in flight (the pieces of a tile must divide among
+  them, else fewer are used). num_sms: CTAs of the
   persistent grid (None: the device's SM count). cluster_m=2: pairs of CTAs
   (a cluster) take vertically adjacent tiles and share the B tile through TMA
-  multicast, halving B's L2 traffic.
+  multicast, halving B's L2 traffic. chain_tiles: chain the CTA's per-tile
+  pipelines (no drain between tiles) where every CTA runs >= 2 tiles and
+  `stages` divides the K blocks.
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -72,6 +76,8 @@ class HopperConfig:
   grid_minor: str = "n"
   group: int = 8
   epi_tile_n: int = 64
+  epi_slots: int = 2
+  chain_tiles: bool = True
   num_sms: int | None = None
   cluster_m: int = 1
 
@@ -104,22 +110,37 @@ class HopperConfig:
                        f"width {cn}")
     if self.cluster_m not in (1, 2):
       raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
-    if self.stages < 1 or self.group < 1:
-      raise ValueError("stages and group must be >= 1")
+    if self.stages < 1 or self.group < 1 or self.epi_slots < 1:
+      raise ValueError("stages, group and epi_slots must be >= 1")
+
+  def out_slots(self) -> int:
+    """Store buffers per warpgroup: at most epi_slots, dividing the tile's pieces (a
+    tile's first store then never finds its buffer still read by the last tile's)."""
+    wm, wn = self.wg_tile()
+    cm, cn = self.chunk()
+    pieces = (wm // cm) * (wn // cn) * (cn // self.epi_tile_n)
+    return max(s for s in range(1, self.epi_slots + 1) if pieces % s == 0)
 
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
     stage = self.tile_m * K_BLOCK + self.tile_n * K_BLOCK
-    epi = 2 * 2 * CHUNK_M * self.epi_tile_n * np.dtype(out_dtype).itemsize
+    epi = 2 * self.out_slots() * CHUNK_M * self.epi_tile_n * np.dtype(out_dtype).itemsize
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += 2 * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.stages * stage + epi + 1024  # barriers and alignment slack
 
 
 def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> HopperConfig:
-  stages = max_stages
-  while stages > 2 and dataclasses.replace(cfg, stages=stages).smem_bytes(out_dtype, c_dtype) > SMEM_BYTES:
-    stages -= 1
-  return dataclasses.replace(cfg, stages=stages)
+  """cfg with the deepest ring up to max_stages (at least 2) that fits in SMEM,
+  narrowing the epilogue stores if even 2 stages do not fit."""
+  cfg = dataclasses.replace(cfg, stages=max_stages)
+  while cfg.smem_bytes(out_dtype, c_dtype) > SMEM_BYTES:
+    if cfg.stages > 2:
+      cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    elif cfg.epi_tile_n > 16:
+      cfg = dataclasses.replace(cfg, epi_tile_n=cfg.epi_tile_n // 2)
+    else:
+      break  # cannot fit: Mosaic's compile error says so
+  return cfg
 
 
 # Large-M candidates and their per-tile efficiency relative to 128 x 256 (measured
@@ -133,7 +154,8 @@ _SMALL_M_TILES = ((64, 32, "n", 1.0), (64, 64, "n", 1.0), (64, 128, "n", 1.0),
 # SMEM the operand ring may take. What SMEM leaves free is L1, where the scale
 # loads hit: on the H100 a ring of ~144 KB was fastest for every tile (8 stages
 # of 64 x 32 up to 3 of 128 x 256; 6 stages of 128 x 128 ran 10% slower than 4,
-# 8 stages of 64 x 32 7% faster than 4).
+# 8 stages of 64 x 32 7% faster than 4). Where the ring divides the K blocks, the
+# tiles' pipelines also chain (a ring one deeper to make it divide ran slower).
 _RING_BYTES = 144 * 1024
 
 
@@ -141,9 +163,18 @@ def _ring_stages(tile_m: int, tile_n: int) -> int:
   return max(2, min(8, _RING_BYTES // ((tile_m + tile_n) * K_BLOCK)))
 
 
-def _with_epilogue(cfg: HopperConfig, out_dtype) -> HopperConfig:
-  """The widest epilogue store the chunk and the output dtype allow (<= 128 B rows)."""
-  widest = 32 if np.dtype(out_dtype) == np.dtype(jnp.float32) else 64
+# Up to this many K blocks, the epilogue is a large part of a tile's time and
+# stores of 256-byte rows pay (H100, 4096x32768x512: +8%); with longer K loops
+# the SMEM they take is better left to L1.
+_SHORT_K_BLOCKS = 8
+
+
+def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> HopperConfig:
+  """The widest epilogue store the chunk and the output dtype allow: rows of
+  128 bytes, or 256 for short K loops without c (c's ring takes that SMEM)."""
+  short_k = pl.cdiv(k, K_BLOCK) <= _SHORT_K_BLOCKS
+  row_bytes = 256 if short_k and c_dtype is None else 128
+  widest = row_bytes // np.dtype(out_dtype).itemsize
   return dataclasses.replace(cfg, epi_tile_n=min(widest, cfg.chunk()[1]))
 
 
@@ -158,8 +189,8 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   - larger M: among 128 x 256, 128 x 128 and 64 x 128 tiles, the one with the
     best (wave efficiency x per-tile efficiency): the last wave of a persistent
     grid that is mostly empty costs as much as a full one.
+  - the ring takes ~_RING_BYTES of SMEM; short K loops get wider epilogue stores.
   """
-  del k
   num_sms = _num_sms()
   if m <= 128:
     def cost(t):
@@ -177,7 +208,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     tm, tn, split, _ = max(_LARGE_M_TILES, key=score)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split,
                        grid_minor="n" if m >= 1024 else "m")
-  cfg = _with_epilogue(cfg, out_dtype)
+  cfg = _with_epilogue(cfg, out_dtype, k, c_dtype)
   return _fit_stages(cfg, out_dtype, c_dtype, max_stages=_ring_stages(tm, tn))
 
 
@@ -201,11 +232,12 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       for cl in clusters:
         cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl)
         try:
-          cfg = _with_epilogue(cfg, out_dtype)
+          cfg = _with_epilogue(cfg, out_dtype, k, c_dtype)
           cfg.check()
         except ValueError:
           continue
-        for stages in (_ring_stages(tm, tn), _ring_stages(tm, tn) + 1):
+        ring = _ring_stages(tm, tn)
+        for stages in (ring, ring + 1):  # one deeper: chains where it divides the K blocks
           staged = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages)
           if staged not in out:
             out.append(staged)
@@ -266,7 +298,7 @@ def _num_sms() -> int:
 
 
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperConfig,
-            m: int, n: int, k_blocks: int, beta: float):
+            m: int, n: int, k_blocks: int, beta: float, chain: bool):
   tile_m, tile_n = cfg.tile_m, cfg.tile_n
   wm, wn = cfg.wg_tile()
   cm, cn = cfg.chunk()
@@ -279,7 +311,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
 
   op_transforms = tiled(a_gmem.dtype, K_BLOCK)  # 128 fp8 = 128 B: swizzle 128
 
-  def make_pipeline(body, compute_context):
+  def make_pipeline(body, compute_context, state=None):
     return plgpu.emit_pipeline_warp_specialized(
         body,
         grid=(k_blocks,),
@@ -293,10 +325,10 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         num_compute_wgs=2,
         max_concurrent_steps=cfg.stages,
         compute_context=compute_context,
+        pipeline_state=state,
     )
 
-  n_epi = len(chunks) * (cn // epi_n)   # epilogue stores per warpgroup and tile
-  out_slots = 2 if n_epi % 2 == 0 else 1
+  out_slots = cfg.out_slots()
   ignore = lambda *_, **__: None
   scratch = dict(
       pipeline_allocs=make_pipeline(ignore, ignore).get_allocations(
@@ -395,13 +427,40 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
           plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
                                   out_gmem.at[pl.ds(m0 + wr + r, cm), pl.ds(n0 + wc + col, epi_n)])
 
-      make_pipeline(body, compute_context)(
+      state = None
+      if chain:
+        # One pipeline per tile, chained: the producer runs on into the next
+        # tile's K blocks instead of draining the ring at every tile's end, so
+        # the next tile's first loads overlap this one's last WGMMAs and epilogue.
+        first = info.local_index == 0
+        last = info.local_index == info.num_local_steps - 1
+        state = jnp.where(first, int(plgpu.PipelinePipeline.START),
+                          jnp.where(last, int(plgpu.PipelinePipeline.STOP),
+                                    int(plgpu.PipelinePipeline.STEADY)))
+      make_pipeline(body, compute_context, state)(
           a_gmem.at[pl.ds(m0, tile_m)],
           b_gmem.at[pl.ds(n0, tile_n)],
           allocations=pipeline_allocs,
       )
 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _cluster_tiles(cfg: HopperConfig, m: int, n: int) -> int:
+  return pl.cdiv(pl.cdiv(m, cfg.tile_m), cfg.cluster_m) * pl.cdiv(n, cfg.tile_n)
+
+
+def _grid_size(cfg: HopperConfig, m: int, n: int) -> int:
+  """CTAs (clusters x cluster size) of the persistent grid."""
+  return min((cfg.num_sms or _num_sms()) // cfg.cluster_m, _cluster_tiles(cfg, m, n))
+
+
+def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int) -> bool:
+  """Whether the kernel chains its per-tile pipelines: every CTA must run >= 2
+  tiles (the first starts the chain, the last stops it) and the ring must wrap
+  exactly at a tile's end."""
+  return (cfg.chain_tiles and _cluster_tiles(cfg, m, n) >= 2 * _grid_size(cfg, m, n)
+          and pl.cdiv(k, K_BLOCK) % cfg.stages == 0)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
@@ -423,10 +482,11 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
                     out_cols_multiple=64, transpose_a_scale=False,
                     a_scale_rows_multiple=cfg.tile_m * cfg.cluster_m)
   cl = cfg.cluster_m
-  tiles = pl.cdiv(pl.cdiv(m, cfg.tile_m), cl) * pl.cdiv(n, cfg.tile_n)  # cluster tiles
-  grid = min((cfg.num_sms or _num_sms()) // cl, tiles)
+  grid = _grid_size(cfg, m, n)
+  chain = chains_tiles(cfg, m, n, k)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, m=m, n=n, k_blocks=k_blocks, beta=float(beta)),
+      functools.partial(_kernel, cfg=cfg, m=m, n=n, k_blocks=k_blocks, beta=float(beta),
+                        chain=chain),
       out_type=jax.ShapeDtypeStruct((ops.rows, ops.out_cols), out_dtype),
       grid=(grid,),
       grid_names=("sm",),

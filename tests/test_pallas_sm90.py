@@ -31,6 +31,11 @@ SPLIT_M = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, nu
 # The large-M default structure: 128 x 256 tiles, each warpgroup 128 x 128 in two
 # 64-row chunks, 4 stages, grouped tile order.
 DEFAULT_LARGE = dataclasses.replace(hopper.HopperConfig(), num_sms=2)
+# Chained per-tile pipelines (the producer runs on into the next tile): 2 stages
+# dividing the K blocks, several tiles per CTA, CTAs with unequal tile counts.
+CHAIN = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="n", stages=2, num_sms=2,
+                            epi_tile_n=32)
+CHAIN_3 = dataclasses.replace(SPLIT_M, stages=3)
 # The narrowest decode tile: 64 x 32, each warpgroup 64 x 16 (WGMMA n=16), 16-column
 # epilogue stores; 3 CTAs over 4 N tiles.
 NARROW = hopper.HopperConfig(tile_m=64, tile_n=32, wg_split="n", stages=3, num_sms=3,
@@ -63,6 +68,13 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (130, 136, 384, SPLIT_M, False, F32, 1.0, None),
     (256, 512, 256, DEFAULT_LARGE, False, BF16, 1.0, None),
     (136, 264, 200, DEFAULT_LARGE, True, F32, 0.25, jnp.float32),
+    (200, 150, 512, CHAIN, True, F32, 0.5, jnp.float32),
+    (130, 300, 500, CHAIN, False, BF16, 1.0, None),
+    (130, 200, 384, CHAIN_3, True, BF16, -1.0, jnp.bfloat16),
+    # 256-byte epilogue rows (the short-K default): bf16 out 128 wide, f32 out 64 wide
+    (136, 264, 256, dataclasses.replace(DEFAULT_LARGE, stages=2, epi_tile_n=128), True, BF16,
+     0.5, jnp.bfloat16),
+    (70, 200, 300, dataclasses.replace(SMALL, epi_tile_n=64), True, F32, 1.0, jnp.float32),
     (70, 100, 300, NARROW, True, F32, 0.5, jnp.float32),
     (5, 128, 640, NARROW, False, BF16, 1.0, None),
     # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
@@ -139,12 +151,26 @@ def test_default_config_heuristic():
     cfg = hopper.default_config(m, n, k)
     tiles = pl.cdiv(m, cfg.tile_m) * pl.cdiv(n, cfg.tile_n)
     assert 64 <= tiles <= 132, (m, n, k, cfg)
-  for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168)):
+  for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168),
+                  (4097, 7000, 1000), (4096, 32768, 512), (64, 32768, 512)):
     for out_dtype in (BF16, F32):
       for c_dtype in (None, jnp.float32):
         cfg = hopper.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
         cfg.check()
         assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper.SMEM_BYTES
+
+
+def test_pipelines_chain_only_where_every_cta_has_two_tiles():
+  assert hopper.chains_tiles(CHAIN, 200, 150, 512)        # 12 tiles on 2 CTAs, 4 K blocks
+  assert hopper.chains_tiles(CHAIN, 130, 300, 500)        # 15 tiles: 8 and 7 per CTA
+  assert hopper.chains_tiles(CHAIN_3, 130, 200, 384)      # 4 tiles, 3 K blocks, 3 stages
+  assert not hopper.chains_tiles(CHAIN, 64, 64, 512)      # one tile: one CTA, no chain
+  assert not hopper.chains_tiles(CHAIN, 100, 64, 512)     # 2 tiles on 2 CTAs: one each
+  assert not hopper.chains_tiles(CHAIN, 200, 150, 384)    # 3 K blocks, 2 stages
+  assert not hopper.chains_tiles(dataclasses.replace(CHAIN, chain_tiles=False), 200, 150, 512)
+  # Large-M default tilings chain where their ring divides the K blocks.
+  assert hopper.chains_tiles(hopper.default_config(4096, 24576, 1536), 4096, 24576, 1536)
+  assert hopper.chains_tiles(hopper.default_config(4096, 2112, 7168), 4096, 2112, 7168)
 
 
 def test_config_validation():
