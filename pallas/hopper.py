@@ -60,9 +60,7 @@ class HopperConfig:
   accumulator is live next to the float32 accumulator (register budget).
   stages: SMEM ring depth of the TMA pipeline. grid_minor / group: tile order
   (planar snake over groups of `group` tiles along the minor dimension).
-  epi_tile_n: column width of one epilogue store; epi_slots: SMEM buffers per
-  warpgroup for the stores in flight (the pieces of a tile must divide among
-  them, else fewer are used). num_sms: CTAs of the
+  epi_tile_n: column width of one epilogue store. num_sms: CTAs of the
   persistent grid (None: the device's SM count). cluster_m=2: pairs of CTAs
   (a cluster) take vertically adjacent tiles and share the B tile through TMA
   multicast, halving B's L2 traffic. chain_tiles: chain the CTA's per-tile
@@ -76,7 +74,6 @@ class HopperConfig:
   grid_minor: str = "n"
   group: int = 8
   epi_tile_n: int = 64
-  epi_slots: int = 2
   chain_tiles: bool = True
   num_sms: int | None = None
   cluster_m: int = 1
@@ -110,16 +107,17 @@ class HopperConfig:
                        f"width {cn}")
     if self.cluster_m not in (1, 2):
       raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
-    if self.stages < 1 or self.group < 1 or self.epi_slots < 1:
-      raise ValueError("stages, group and epi_slots must be >= 1")
+    if self.stages < 1 or self.group < 1:
+      raise ValueError("stages and group must be >= 1")
 
   def out_slots(self) -> int:
-    """Store buffers per warpgroup: at most epi_slots, dividing the tile's pieces (a
-    tile's first store then never finds its buffer still read by the last tile's)."""
+    """Store buffers per warpgroup: 2 where a tile's pieces pair up, else 1 (a
+    tile's first store must not find its buffer still read by the last tile's).
+    (4 buffers measured 1-3% slower on the H100.)"""
     wm, wn = self.wg_tile()
     cm, cn = self.chunk()
     pieces = (wm // cm) * (wn // cn) * (cn // self.epi_tile_n)
-    return max(s for s in range(1, self.epi_slots + 1) if pieces % s == 0)
+    return 2 if pieces % 2 == 0 else 1
 
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
     stage = self.tile_m * K_BLOCK + self.tile_n * K_BLOCK
