@@ -449,7 +449,7 @@ def _cluster_tiles(cfg: HopperConfig, m: int, n: int) -> int:
 
 
 def _grid_size(cfg: HopperConfig, m: int, n: int) -> int:
-  """CTAs (clusters x cluster size) of the persistent grid."""
+  """Entries of the persistent grid, one per cluster (of cluster_m CTAs)."""
   return min((cfg.num_sms or _num_sms()) // cfg.cluster_m, _cluster_tiles(cfg, m, n))
 
 
