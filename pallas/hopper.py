@@ -8,7 +8,9 @@ Structure (one CTA per SM, persistent):
   the A tile (tile_m, 128) and the B tile (tile_n, 128) into an SMEM ring of
   `stages` slots;
 - the CTA walks output tiles in a grouped ("planar snake") order, so
-  consecutive tiles of the 132 CTAs share A rows / B columns in L2;
+  consecutive tiles of the 132 CTAs share A rows / B columns in L2; where the
+  ring divides the K blocks, the per-tile pipelines are chained, so the
+  producer runs on into the next tile instead of draining the ring;
 - two-level accumulation: each 128-deep K block goes through WGMMA into a fresh
   accumulator (`plgpu.ACC`), then is promoted into a float32 register
   accumulator: acc += block * a_scale[rows] * b_scale. While one consumer
