@@ -36,6 +36,9 @@ DEFAULT_LARGE = dataclasses.replace(hopper.HopperConfig(), num_sms=2)
 CHAIN = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="n", stages=2, num_sms=2,
                             epi_tile_n=32)
 CHAIN_3 = dataclasses.replace(SPLIT_M, stages=3)
+# Three consumer warpgroups, each 64 x 128 of a 192 x 128 tile.
+THREE_WG = hopper.HopperConfig(tile_m=192, tile_n=128, wg_split="m", consumers=3, stages=2,
+                               num_sms=2)
 # The narrowest decode tile: 64 x 32, each warpgroup 64 x 16 (WGMMA n=16), 16-column
 # epilogue stores; 3 CTAs over 4 N tiles.
 NARROW = hopper.HopperConfig(tile_m=64, tile_n=32, wg_split="n", stages=3, num_sms=3,
@@ -75,6 +78,8 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (136, 264, 256, dataclasses.replace(DEFAULT_LARGE, stages=2, epi_tile_n=128), True, BF16,
      0.5, jnp.bfloat16),
     (70, 200, 300, dataclasses.replace(SMALL, epi_tile_n=64), True, F32, 1.0, jnp.float32),
+    (200, 300, 300, THREE_WG, True, F32, 0.5, jnp.float32),
+    (400, 260, 512, THREE_WG, False, BF16, 1.0, None),  # chained: 9 tiles on 2 CTAs
     (70, 100, 300, NARROW, True, F32, 0.5, jnp.float32),
     (5, 128, 640, NARROW, False, BF16, 1.0, None),
     # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
@@ -146,6 +151,8 @@ def test_default_config_heuristic():
     assert hopper.default_config(64, n, k).tile_m == 64
   big = hopper.default_config(4096, 7168, 2048)
   assert (big.tile_m, big.tile_n) == (128, 256)
+  # Autotuning may try three consumer warpgroups (192 x 128 tiles) at large M.
+  assert any(c.consumers == 3 for c in hopper.candidate_configs(4096, 2112, 7168))
   # Narrow N at small M: tiles narrow enough to give most of the 132 SMs work.
   for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168)):
     cfg = hopper.default_config(m, n, k)
@@ -170,7 +177,7 @@ def test_pipelines_chain_only_where_every_cta_has_two_tiles():
   assert not hopper.chains_tiles(dataclasses.replace(CHAIN, chain_tiles=False), 200, 150, 512)
   # Large-M default tilings chain where their ring divides the K blocks.
   assert hopper.chains_tiles(hopper.default_config(4096, 24576, 1536), 4096, 24576, 1536)
-  assert hopper.chains_tiles(hopper.default_config(4096, 2112, 7168), 4096, 2112, 7168)
+  assert hopper.chains_tiles(THREE_WG, 400, 260, 512)      # 3 x 3 tiles of 192 x 128, 2 CTAs
 
 
 def test_config_validation():
@@ -180,6 +187,10 @@ def test_config_validation():
     hopper.HopperConfig(tile_m=64, wg_split="m").check()
   with pytest.raises(ValueError, match="epi_tile_n"):
     hopper.HopperConfig(epi_tile_n=96).check()
+  with pytest.raises(ValueError, match="consumers"):
+    hopper.HopperConfig(consumers=4).check()
+  with pytest.raises(ValueError, match="divide among 3"):
+    hopper.HopperConfig(tile_m=128, wg_split="m", consumers=3).check()
 
 
 def test_unsupported_reason():
