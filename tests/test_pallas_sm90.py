@@ -263,6 +263,24 @@ def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
+    (4096, 2112, 7168, BF16, False), (4097, 2112, 7168, F32, True),
+    (4096, 32768, 512, BF16, False), (300, 7000, 1000, BF16, True)])
+def test_gpu_three_consumers(m, n, k, out_dtype, with_c):
+  # The autotuning candidate with three consumer warpgroups (192 x 128 tiles).
+  c_dtype = F32 if with_c else None
+  cfg = next(c for c in hopper.candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+             if c.consumers == 3)
+  a, sa, b, sb, c = _gpu_operands(m, n, k, 4, with_c)
+  beta = 0.5 if with_c else 1.0
+  out = jax.jit(lambda *x: hopper.blockwise_fp8_dot(
+      *x, beta=beta, out_dtype=out_dtype, config=cfg))(a, sa, b, sb, c)
+  assert out.shape == (m, n) and np.dtype(out.dtype) == out_dtype
+  err = _gpu_rel_error(out, a, sa, b, sb, c, beta)
+  assert err <= GPU_TOL[out_dtype], f"{m}x{n}x{k} {cfg}: relative error {err:.3e}"
+
+
+@requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k", [(4096, 7168, 2048), (64, 2112, 7168), (4097, 7000, 1000)])
 def test_gpu_deterministic(m, n, k):
   a, sa, b, sb, _ = _gpu_operands(m, n, k, 3, False)
