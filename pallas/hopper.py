@@ -404,16 +404,21 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         # producer's TMA needs no proxy fence.
         return tuple(new_acc), next_scales
 
-      # The epilogue's pieces: (row, column) of each (64, epi_tile_n) store in the
-      # warpgroup's tile, chunk by chunk.
-      pieces = [(r, c + e) for r, c in chunks for e in range(0, cn, epi_n)]
+      # The epilogue's pieces, one (64, epi_tile_n) store each, chunk by chunk:
+      # (chunk index, column offset inside the chunk).
+      pieces = [(ci, e) for ci in range(len(chunks)) for e in range(0, cn, epi_n)]
+
+      def window(i):
+        """The GMEM rows and columns of piece i (in c and in the output)."""
+        ci, e = pieces[i]
+        r, c = chunks[ci]
+        return pl.ds(m0 + wr + r, cm), pl.ds(n0 + wc + c + e, epi_n)
 
       def load_c(i):
         """Starts the TMA of c for piece i into its ring slot."""
-        r, col = pieces[i]
         slot = i % 2
-        plgpu.copy_gmem_to_smem(c_gmem.at[pl.ds(m0 + wr + r, cm), pl.ds(n0 + wc + col, epi_n)],
-                                c_smem.at[wg, slot], c_barrier.at[wg * 2 + slot])
+        plgpu.copy_gmem_to_smem(c_gmem.at[window(i)], c_smem.at[wg, slot],
+                                c_barrier.at[wg * 2 + slot])
 
       def compute_context(run_pipeline):
         if c_gmem is not None:
@@ -422,9 +427,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         acc, _ = run_pipeline((tuple(zero for _ in chunks), chunk_scales(0)))
         # Epilogue: (+ beta * c), cast, SMEM, TMA store; stores are double-buffered,
         # and c piece i + 1 loads while piece i is computed.
-        for i, (r, col) in enumerate(pieces):
-          chunk = chunks.index((r, col - col % cn))
-          val = acc[chunk][:, col % cn:col % cn + epi_n]
+        for i, (ci, e) in enumerate(pieces):
+          val = acc[ci][:, e:e + epi_n]
           if c_gmem is not None:
             if i + 1 < len(pieces):
               # Its slot was last read for piece i - 1, before that piece's
@@ -436,8 +440,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = val.astype(out_dtype)
           plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
-                                  out_gmem.at[pl.ds(m0 + wr + r, cm), pl.ds(n0 + wc + col, epi_n)])
+          plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], out_gmem.at[window(i)])
 
       state = None
       if chain:
