@@ -150,9 +150,17 @@ def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> Hoppe
   return cfg
 
 
-# Large-M candidates and their per-tile efficiency relative to 128 x 256 (measured
-# on the H100 at full waves): wider tiles read less A/B per FLOP.
-_LARGE_M_TILES = ((128, 256, "n", 1.0), (128, 128, "m", 0.93), (64, 128, "n", 0.8))
+# Large-M candidates (tile_m, tile_n, wg_split, consumers) and their per-tile
+# efficiency relative to 128 x 256 (measured on the H100 at full waves): wider
+# tiles read less A/B per FLOP. 192 x 128 (three consumers) balances the waves
+# where N is narrow (4096x2112x7168: 3 waves of 192-row tiles against 5 of 128).
+_LARGE_M_TILES = ((128, 256, "n", 2, 1.0), (128, 128, "m", 2, 0.93),
+                  (192, 128, "m", 3, 0.95), (64, 128, "n", 2, 0.8))
+# Up to this many K blocks, a tile's fixed cost (first loads, epilogue) outweighs
+# its K loop, and chaining the tiles' pipelines hides it: 192 x 128 tiles with a
+# ring as deep as the K loop (H100, 4096x32768x512: 993 TFLOP/s against 845 for
+# unchained 128 x 256 and 921 for chained 128 x 128).
+_CHAIN_K_BLOCKS = 4
 # Small-M (decode) candidates and their time per tile in units of "columns": the
 # problem is bandwidth-bound, a tile costs its width plus a fixed part (its A
 # tile, the epilogue) worth ~32 columns; a 128-row tile ~1.6x a 64-row one.
@@ -193,9 +201,12 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     the tiles are spread over the SMs in waves (waves x cost per tile), down
     to 64 x 32 tiles so that narrow N still feeds every SM. A 128-row tile is
     never used for M <= 64.
-  - larger M: among 128 x 256, 128 x 128 and 64 x 128 tiles, the one with the
-    best (wave efficiency x per-tile efficiency): the last wave of a persistent
-    grid that is mostly empty costs as much as a full one.
+  - larger M: among 128 x 256, 128 x 128, 192 x 128 and 64 x 128 tiles, the
+    one with the best (wave efficiency x padding efficiency x per-tile
+    efficiency): the last wave of a persistent grid that is mostly empty costs
+    as much as a full one, and rows past M cost as much as real ones. K loops
+    of 2..4 blocks take chained 192 x 128 tiles where every CTA runs >= 2
+    and M fills the 192-row tiles.
   - the ring takes ~_RING_BYTES of SMEM; short K loops get wider epilogue stores.
   """
   num_sms = _num_sms()
@@ -209,12 +220,21 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m")
   else:
     def score(t):
-      tm, tn, _, eff = t
+      tm, tn, _, _, eff = t
       tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
-      return eff * tiles / (pl.cdiv(tiles, num_sms) * num_sms)
-    tm, tn, split, _ = max(_LARGE_M_TILES, key=score)
-    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split,
-                       grid_minor="n" if m >= 1024 else "m")
+      padding = m / (pl.cdiv(m, tm) * tm) * n / (pl.cdiv(n, tn) * tn)
+      return eff * padding * tiles / (pl.cdiv(tiles, num_sms) * num_sms)
+    order = "n" if m >= 1024 else "m"
+    k_blocks = pl.cdiv(k, K_BLOCK)
+    if 2 <= k_blocks <= _CHAIN_K_BLOCKS and m / (pl.cdiv(m, 192) * 192) >= 0.95:
+      chained = _with_epilogue(HopperConfig(tile_m=192, tile_n=128, wg_split="m", consumers=3,
+                                            grid_minor=order), out_dtype, k, c_dtype)
+      chained = _fit_stages(chained, out_dtype, c_dtype, max_stages=k_blocks)
+      if chains_tiles(chained, m, n, k):
+        return chained
+    tm, tn, split, consumers, _ = max(_LARGE_M_TILES, key=score)
+    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order,
+                       consumers=consumers)
   cfg = _with_epilogue(cfg, out_dtype, k, c_dtype)
   return _fit_stages(cfg, out_dtype, c_dtype, max_stages=_ring_stages(tm, tn))
 
@@ -231,11 +251,7 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     orders, clusters = ("m",), (1,)
   else:
     tiles = [(128, 256, "n", 2), (128, 128, "m", 2), (128, 128, "n", 2), (64, 128, "n", 2),
-             (64, 256, "n", 2), (256, 128, "m", 2),
-             # Three consumers: balanced waves at 4096x2112x7168 on the H100 (1064 TFLOP/s
-             # against 930 for the default; timed there, not yet run through the GPU
-             # tests, so autotuning, which checks every candidate's output, may pick it).
-             (192, 128, "m", 3)]
+             (64, 256, "n", 2), (256, 128, "m", 2), (192, 128, "m", 3)]
     orders, clusters = ("n" if m >= 1024 else "m",), (1, 2)
   out = [default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)]
   for tm, tn, split, consumers in tiles:

@@ -150,7 +150,17 @@ def test_default_config_heuristic():
     assert hopper.default_config(1, n, k).tile_m == 64
     assert hopper.default_config(64, n, k).tile_m == 64
   big = hopper.default_config(4096, 7168, 2048)
-  assert (big.tile_m, big.tile_n) == (128, 256)
+  assert (big.tile_m, big.tile_n, big.consumers) == (128, 256, 2)
+  # Narrow N at large M: three consumers' 192-row tiles fill the waves (3 of them,
+  # where 128 x 128 tiles need 4.1).
+  narrow = hopper.default_config(4096, 2112, 7168)
+  assert (narrow.tile_m, narrow.tile_n, narrow.consumers) == (192, 128, 3)
+  # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
+  short = hopper.default_config(4096, 32768, 512)
+  assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
+  assert hopper.chains_tiles(short, 4096, 32768, 512)
+  # ... but not where 192-row tiles would be a third padding.
+  assert hopper.default_config(256, 32768, 512).tile_m != 192
   # Autotuning may try three consumer warpgroups (192 x 128 tiles) at large M.
   assert any(c.consumers == 3 for c in hopper.candidate_configs(4096, 2112, 7168))
   # Narrow N at small M: tiles narrow enough to give most of the 132 SMs work.
