@@ -28,7 +28,7 @@ reads out of bounds give zeros (exact for the partial last K block and for
 partial M/N tiles) and TMA writes out of bounds are dropped. Mosaic's tiled
 TMA needs every dimension to be a multiple of its SMEM tile (or smaller), so
 the wrapper zero-pads what is not (K to 128, M and N to 8, the output's N to
-64, the A-scale rows to whole tiles); padding is exact and sliced off.
+64, the A-scale rows to whole 64-row chunks); padding is exact and sliced off.
 DeepSeek-V3 shapes need none.
 """
 from __future__ import annotations
@@ -335,6 +335,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   cl = cfg.cluster_m
   m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl), pl.cdiv(n, tile_n)  # cluster tiles
   n_scale_blocks = bs_gmem.shape[0]
+  scale_rows = as_gmem.shape[0]  # a multiple of CHUNK_M
   out_dtype = out_gmem.dtype
 
   op_transforms = tiled(a_gmem.dtype, K_BLOCK)  # 128 fp8 = 128 B: swizzle 128
@@ -394,7 +395,10 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         out = []
         for r, c in chunks:
           nb = jnp.minimum((n0 + wc + c) // SCALE_N, n_scale_blocks - 1)
-          s_a = plgpu.load(as_gmem.at[pl.ds(m0 + wr + r, cm), kb],
+          # The A-scale rows are padded to whole chunks only: a chunk wholly past
+          # them (past M, its rows are never stored) reads the last chunk's.
+          row0 = jnp.minimum(m0 + wr + r, scale_rows - cm)
+          s_a = plgpu.load(as_gmem.at[pl.ds(row0, cm), kb],
                            layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
           out.append(s_a * bs_gmem[nb, kb])
         return tuple(out)
@@ -511,7 +515,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
 
   ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
                     out_cols_multiple=64, transpose_a_scale=False,
-                    a_scale_rows_multiple=cfg.tile_m * cfg.cluster_m)
+                    a_scale_rows_multiple=CHUNK_M)
   cl = cfg.cluster_m
   grid = _grid_size(cfg, m, n)
   chain = chains_tiles(cfg, m, n, k)
