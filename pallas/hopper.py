@@ -198,9 +198,9 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   """Tiling heuristic by shape (from H100 measurements of the DeepSeek-V3 shapes).
 
   - M <= 128 (decode): bandwidth-bound; the tiling that finishes soonest when
-    the tiles are spread over the SMs in waves (waves x cost per tile), down
-    to 64 x 32 tiles so that narrow N still feeds every SM. A 128-row tile is
-    never used for M <= 64.
+    the tiles are spread over the SMs in waves (waves x cost per tile, less
+    for tiles whose pipelines chain), down to 64 x 32 tiles so that narrow N
+    still feeds every SM. A 128-row tile is never used for M <= 64.
   - larger M: among 128 x 256, 128 x 128, 192 x 128 and 64 x 128 tiles, the
     one with the best (wave efficiency x padding efficiency x per-tile
     efficiency): the last wave of a persistent grid that is mostly empty costs
@@ -212,9 +212,14 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   num_sms = _num_sms()
   if m <= 128:
     def cost(t):
-      tm, tn, _, weight = t
+      tm, tn, split, weight = t
       tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
-      return (pl.cdiv(tiles, num_sms) * weight * (tn + 32), -tm * tn)
+      # A chained tile's fixed part is about half: the next tile's loads run
+      # under its epilogue (H100, 128x24576x1536: chained 128 x 64 tiles 506
+      # TFLOP/s, unchained 128 x 256 457, which this model otherwise ties).
+      ring = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, stages=_ring_stages(tm, tn))
+      fixed = 16 if chains_tiles(ring, m, n, k) else 32
+      return (pl.cdiv(tiles, num_sms) * weight * (tn + fixed), -tm * tn)
     tiles = [t for t in _SMALL_M_TILES if t[0] <= max(64, m)]
     tm, tn, split, _ = min(tiles, key=cost)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m")

@@ -163,6 +163,10 @@ def test_default_config_heuristic():
   assert hopper.default_config(256, 32768, 512).tile_m != 192
   # Autotuning may try three consumer warpgroups (192 x 128 tiles) at large M.
   assert any(c.consumers == 3 for c in hopper.candidate_configs(4096, 2112, 7168))
+  # Where tilings tie on waves, the one whose tiles chain (128 x 64: 3 per CTA, a
+  # 6-deep ring dividing the 12 K blocks) over one wave of unchained 128 x 256.
+  mid = hopper.default_config(128, 24576, 1536)
+  assert (mid.tile_m, mid.tile_n) == (128, 64) and hopper.chains_tiles(mid, 128, 24576, 1536)
   # Narrow N at small M: tiles narrow enough to give most of the 132 SMs work.
   for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168)):
     cfg = hopper.default_config(m, n, k)
