@@ -157,10 +157,11 @@ def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> Hoppe
 _LARGE_M_TILES = ((128, 256, "n", 2, 1.0), (128, 128, "m", 2, 0.93),
                   (192, 128, "m", 3, 0.95), (64, 128, "n", 2, 0.8))
 # Up to this many K blocks, a tile's fixed cost (first loads, epilogue) outweighs
-# its K loop, and chaining the tiles' pipelines hides it: 192 x 128 tiles with a
-# ring as deep as the K loop (H100, 4096x32768x512: 993 TFLOP/s against 845 for
+# its K loop, and chaining the tiles' pipelines hides it: _SHORT_K_TILE tiles with
+# a ring as deep as the K loop (H100, 4096x32768x512: 993 TFLOP/s against 845 for
 # unchained 128 x 256 and 921 for chained 128 x 128).
 _CHAIN_K_BLOCKS = 4
+_SHORT_K_TILE = (192, 128, "m", 3)  # tile_m, tile_n, wg_split, consumers
 # Small-M (decode) candidates and their time per tile in units of "columns": the
 # problem is bandwidth-bound, a tile costs its width plus a fixed part (its A
 # tile, the epilogue) worth ~32 columns; a 128-row tile ~1.6x a 64-row one.
@@ -231,9 +232,11 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       return eff * padding * tiles / (pl.cdiv(tiles, num_sms) * num_sms)
     order = "n" if m >= 1024 else "m"
     k_blocks = pl.cdiv(k, K_BLOCK)
-    if 2 <= k_blocks <= _CHAIN_K_BLOCKS and m / (pl.cdiv(m, 192) * 192) >= 0.95:
-      chained = _with_epilogue(HopperConfig(tile_m=192, tile_n=128, wg_split="m", consumers=3,
-                                            grid_minor=order), out_dtype, k, c_dtype)
+    tm, tn, split, consumers = _SHORT_K_TILE
+    if 2 <= k_blocks <= _CHAIN_K_BLOCKS and m / (pl.cdiv(m, tm) * tm) >= 0.95:
+      chained = _with_epilogue(HopperConfig(tile_m=tm, tile_n=tn, wg_split=split,
+                                            consumers=consumers, grid_minor=order),
+                               out_dtype, k, c_dtype)
       chained = _fit_stages(chained, out_dtype, c_dtype, max_stages=k_blocks)
       if chains_tiles(chained, m, n, k):
         return chained
