@@ -3,7 +3,10 @@
 The portable fallback of jax_fp8 (any GPU with FP8 tensor cores, compute capability >= 8.9):
 `blockwise_fp8.cu` (shipped beside this file) uses `mma.sync` m16n8k32 e4m3 MMAs with a
 cp.async shared-memory pipeline and promotes every 128-deep K block into an f32 accumulator.
-See the .cu file for the kernel's design.
+Built for sm_90a it also holds a Hopper kernel (TMA producer warpgroup, two WGMMA consumer
+warpgroups, persistent grid) that the handler picks on a compute capability 9.0 GPU when
+K % 16 == 0 and a, b are 16-byte aligned; `JAX_FP8_FFI_DISABLE_WGMMA=1` in the environment
+forces the mma.sync kernel. See the .cu file for both designs.
 
 - `build(arch, out_dir)` compiles the source with nvcc into a shared library, cached on disk.
 - At the first GPU use the library is built for the attached GPU's own architecture, loaded
@@ -122,10 +125,16 @@ def _gencode(arch: str) -> str:
   return f"-gencode=arch=compute_{arch[3:]},code={arch}"
 
 
+def arch_defines(arch: str) -> list[str]:
+  """-D flags that switch on arch-specific kernels: sm_90a gets the TMA + WGMMA kernel."""
+  return ["-DJAX_FP8_SM90A"] if arch == "sm_90a" else []
+
+
 def nvcc_command(nvcc: str, arch: str, output: str) -> list[str]:
   """The nvcc command line that builds the shipped source into `output`."""
   return [
-      nvcc, _gencode(arch), "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
+      nvcc, _gencode(arch), *arch_defines(arch), "-std=c++17", "-O3", "-shared",
+      "-Xcompiler", "-fPIC",
       "-lineinfo",  # source lines for compute-sanitizer reports; no run-time cost
       # XLA's FFI headers are not ours: -isystem keeps their warnings out of the log.
       "-isystem", jax.ffi.include_dir(),

@@ -22,11 +22,21 @@
 //   16-byte aligned) the 16-byte cp.async is not legal and a guarded byte-wise loader is used.
 // - Split-K (grid.y > 1, for grids smaller than the GPU): each split writes an f32 partial tile
 //   into a workspace; a second kernel sums the splits, adds beta * c and casts.
+//
+// Built for sm_90a (nvcc_command defines JAX_FP8_SM90A), the library also holds a Hopper kernel
+// (TMA + WGMMA, namespace hopper below) that the handler prefers on compute capability 9.0
+// devices whenever TMA can address the operands; the mma.sync kernel covers everything else.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
+
+#if defined(JAX_FP8_SM90A)
+#include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -408,6 +418,427 @@ __global__ void __launch_bounds__(256) reduce_splits(const float* __restrict__ p
   }
 }
 
+// ---- Hopper (sm_90a): TMA + WGMMA ------------------------------------------------------------
+//
+// Built only into the sm_90a library (nvcc_command defines JAX_FP8_SM90A there); the host picks
+// it on a compute capability 9.0 device when the TMA preconditions hold (K % 16 == 0, 16-byte
+// aligned a and b), else the mma.sync kernel above runs.
+//
+// - Persistent grid (one CTA per SM) walking (tile, split) work units in the grouped raster.
+// - Warpgroup 2 is the producer: one thread issues TMA loads of the A and B tiles of one K block
+//   (128 x 128 bytes each, SWIZZLE_128B) per stage of a `stages`-deep ring, with a full barrier
+//   (TMA transaction bytes) and an empty barrier (one arrive per consumer warp) per stage.
+// - Warpgroups 0 and 1 are consumers, 64 rows x 128 columns each: per K block, four
+//   m64n128k32 e4m3 WGMMAs into a fresh f32 fragment (the first with scale-d = 0), then the
+//   promotion acc += blk * a_scale[row] * b_scale on the CUDA cores (two-level accumulation,
+//   as in the mma.sync kernel). The stage is released as soon as the WGMMAs have completed,
+//   before the promotion, so the producer refills it while the CUDA cores work.
+// - TMA zero-fills rows past M / N and columns past K, so partial tiles and a partial last
+//   K block add nothing.
+// - Epilogue: each consumer warp rewrites its 16 x 128 accumulator slice through a small
+//   shared staging buffer into 16-byte row pieces, adds beta * c and stores them coalesced
+//   (guarded scalar stores at the ragged N edge or for unaligned rows). Meanwhile the producer
+//   is already loading the next tile's K blocks.
+#if defined(JAX_FP8_SM90A)
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "JAX_FP8_SM90A needs the sm_90a target (-gencode=arch=compute_90a,code=sm_90a)"
+#endif
+
+namespace hopper {
+
+constexpr int kConsumers = 2;                      // consumer warpgroups
+constexpr int kThreads = 128 * (kConsumers + 1);   // + the producer warpgroup
+constexpr int kRowsPerConsumer = kTileM / kConsumers;  // 64 = the WGMMA M
+constexpr int kStepK = 32;                         // K of one WGMMA (32 e4m3 = 32 bytes)
+constexpr int kAccRegs = kRowsPerConsumer * kTileN / 128;  // 64 f32 per thread
+constexpr int kMaxStages = 6;
+constexpr int kSwizzleAtom = 1024;                 // 8 rows x 128 bytes
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;                 // 40 * 128 + 232 * 256 <= 65536
+
+static_assert(kBlockK == 128, "one K block must be one 128-byte swizzled row");
+static_assert(kOperandBytes % kSwizzleAtom == 0, "stage buffers must stay 1024-byte aligned");
+
+// Epilogue staging, per consumer warp: 16 rows x 32 f32 columns, rows padded to 40 floats so
+// that the fragment's 8-byte writes (8 rows x 4 column pairs per half warp) hit distinct banks.
+constexpr int kStagingPitch = 40;
+constexpr int kStagingFloatsPerWarp = 16 * kStagingPitch;
+constexpr int kStagingBytes = kConsumers * 4 * kStagingFloatsPerWarp * 4;
+
+// Shared memory: operand stages, epilogue staging, barriers; +kSwizzleAtom of slack to align
+// the dynamic base.
+constexpr int smem_bytes_for(int stages) {
+  return kSwizzleAtom + stages * kStageBytes + kStagingBytes + 2 * stages * 8;
+}
+
+struct Params {
+  const float* a_scale;  // [m, k_blocks]
+  const float* b_scale;  // [ceil(n/128), k_blocks]
+  const float* c;        // [m, n] or nullptr
+  void* out;             // [m, n] OutT (splits == 1)
+  float* partial;        // [splits, m, n] f32 (splits > 1)
+  int m, n, k_blocks;
+  int blocks_per_split, splits;
+  int stages, group_m;
+  float beta;
+  bool vec_out;      // 16-byte row pieces of out (and c) are aligned: n % (16 / sizeof(OutT))
+  bool vec_partial;  // likewise for the split-K partials: n % 4
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// 2D TMA load of the box at (inner coordinate x = k, outer y = row) into `dst`, completing
+// its bytes on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// WGMMA shared-memory descriptor of a K-major operand in 128-byte-swizzled 8 x 128-byte atoms
+// stacked along M/N (stride byte offset 1024). The leading byte offset is unused for swizzled
+// K-major layouts. `addr` must lie in a 1024-byte aligned atom (base offset 0) plus a K offset
+// inside the 128-byte row.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |  // start address
+         (static_cast<uint64_t>(1) << 16) |                // leading byte offset (unused)
+         (static_cast<uint64_t>(kSwizzleAtom >> 4) << 32) |  // stride byte offset
+         (static_cast<uint64_t>(1) << 62);                  // layout: 128-byte swizzle
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Keeps the compiler from moving accesses of the fragment across WGMMA issue / wait points.
+__device__ __forceinline__ void fence_fragment(float (&d)[kAccRegs]) {
+#pragma unroll
+  for (int i = 0; i < kAccRegs; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (+)= A[64 x 32] . B[128 x 32]^T, e4m3 from shared memory, f32 in registers.
+// accumulate == 0: d is overwritten (scale-d = 0), so a fresh block needs no zeroing.
+__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[kAccRegs], uint64_t desc_a,
+                                                 uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+        "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The work unit `unit` -> (tile_m, tile_n, split), in the same grouped raster as the mma.sync
+// kernel: consecutive units walk group_m M tiles before moving along N (L2 reuse of B).
+struct WorkUnit {
+  int tile_m, tile_n, kb_begin, kb_end;
+};
+
+__device__ __forceinline__ WorkUnit work_unit(const Params& p, int tiles_m, int tiles_n,
+                                              int unit) {
+  const int tiles = tiles_m * tiles_n;
+  const int split = unit / tiles;
+  const int t = unit % tiles;
+  const int per_group = p.group_m * tiles_n;
+  const int first_m = (t / per_group) * p.group_m;
+  const int group_rows = min(tiles_m - first_m, p.group_m);
+  WorkUnit w;
+  w.tile_m = first_m + (t % per_group) % group_rows;
+  w.tile_n = (t % per_group) / group_rows;
+  w.kb_begin = split * p.blocks_per_split;
+  w.kb_end = min(p.k_blocks, w.kb_begin + p.blocks_per_split);
+  return w;
+}
+
+// Writes v[0, valid) to dst[off, off + valid), + beta * c[off, ...) when c is given; as one
+// 16-byte store (and 16-byte c loads) when `vec` (all E valid and the piece 16-byte aligned).
+template <typename T, int E>
+__device__ __forceinline__ void store_piece(T* dst, const float* c, float beta, size_t off,
+                                            float (&v)[E], int valid, bool vec) {
+  if (vec) {
+    if (c != nullptr) {
+#pragma unroll
+      for (int e = 0; e < E; e += 4) {
+        const float4 cv = *reinterpret_cast<const float4*>(c + off + e);
+        v[e] = fmaf(beta, cv.x, v[e]);
+        v[e + 1] = fmaf(beta, cv.y, v[e + 1]);
+        v[e + 2] = fmaf(beta, cv.z, v[e + 2]);
+        v[e + 3] = fmaf(beta, cv.w, v[e + 3]);
+      }
+    }
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float4*>(dst + off) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      uint32_t words[E / 2];
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        memcpy(&words[i], &pair, sizeof(pair));
+      }
+      *reinterpret_cast<uint4*>(dst + off) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (e < valid) {
+        float x = v[e];
+        if (c != nullptr) x = fmaf(beta, c[off + e], x);
+        dst[off + e] = cast_out<T>(x);
+      }
+    }
+  }
+}
+
+// Stores one warp's 16 x 128 slice of the accumulator (rows from warp_row0, columns from
+// col0) into the row-major [m, n] `dst`. The WGMMA layout scatters column pairs over 8 rows,
+// so the slice goes through the warp's staging buffer 32 columns at a time and is read back
+// as 16-byte row pieces: global stores and c loads become whole, coalesced vectors.
+template <typename T>
+__device__ __forceinline__ void store_fragment(const float (&acc)[kAccRegs], float* staging,
+                                               T* dst, const float* c, float beta, int m, int n,
+                                               int warp_row0, int col0, bool vec, int lane) {
+  constexpr int E = 16 / sizeof(T);           // elements per 16-byte piece
+  constexpr int kLanesPerRow = 32 / E;        // lanes covering one row of a 32-column chunk
+  constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  const int r = lane / 4;
+  const int q = lane % 4;
+#pragma unroll
+  for (int chunk = 0; chunk < kTileN / 32; ++chunk) {
+    __syncwarp();  // the previous chunk (or tile) has been read back
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * chunk + jj;
+      *reinterpret_cast<float2*>(staging + r * kStagingPitch + 8 * jj + 2 * q) =
+          make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(staging + (r + 8) * kStagingPitch + 8 * jj + 2 * q) =
+          make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int pass = 0; pass < 16 / kRowsPerPass; ++pass) {
+      const int piece_row = pass * kRowsPerPass + lane / kLanesPerRow;
+      const int piece_col = (lane % kLanesPerRow) * E;
+      const int row = warp_row0 + piece_row;
+      const int col = col0 + 32 * chunk + piece_col;
+      if (row >= m || col >= n) continue;
+      float v[E];
+#pragma unroll
+      for (int e = 0; e < E; e += 4) {
+        const float4 x =
+            *reinterpret_cast<const float4*>(staging + piece_row * kStagingPitch + piece_col + e);
+        v[e] = x.x;
+        v[e + 1] = x.y;
+        v[e + 2] = x.z;
+        v[e + 3] = x.w;
+      }
+      const int valid = min(E, n - col);
+      store_piece<T, E>(dst, c, beta, static_cast<size_t>(row) * n + col, v, valid,
+                        vec && valid == E);
+    }
+  }
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_fp8_gemm(const __grid_constant__ CUtensorMap a_map,
+                    const __grid_constant__ CUtensorMap b_map, const Params p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // Swizzle atoms (and so the stages) need 1024-byte alignment; the dynamic base may not be.
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t stages0 = (raw + kSwizzleAtom - 1) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
+  float* staging_base =
+      reinterpret_cast<float*>(smem_raw + (stages0 - raw) + p.stages * kStageBytes);
+  const uint32_t full0 = stages0 + p.stages * kStageBytes + kStagingBytes;  // full[s]: + 8 s
+  const uint32_t empty0 = full0 + p.stages * 8;            // empty[s] at empty0 + 8 s
+
+  const int warpgroup = threadIdx.x / 128;
+  const int wg_tid = threadIdx.x % 128;
+  const int tiles_m = (p.m + kTileM - 1) / kTileM;
+  const int tiles_n = (p.n + kTileN - 1) / kTileN;
+  const int units = tiles_m * tiles_n * p.splits;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      mbar_init(full0 + 8 * s, 1);                  // the producer's arrive.expect_tx
+      mbar_init(empty0 + 8 * s, kConsumers * 4);    // one arrive per consumer warp
+    }
+    // Make the initialised barriers visible to the async proxy (TMA) too.
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == kConsumers) {
+    // ---- Producer warpgroup: one thread drives TMA; the rest hand their registers over.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (wg_tid != 0) return;
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&b_map);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+      const WorkUnit w = work_unit(p, tiles_m, tiles_n, unit);
+      for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
+        const uint32_t full = full0 + 8 * stage;
+        mbar_wait(empty0 + 8 * stage, phase ^ 1);  // the first pass finds every slot free
+        mbar_arrive_expect_tx(full, kStageBytes);   // out-of-bounds zeros count as bytes too
+        const uint32_t a_dst = stages0 + stage * kStageBytes;
+        tma_load_2d(a_dst, &a_map, full, kb * kBlockK, w.tile_m * kTileM);
+        tma_load_2d(a_dst + kOperandBytes, &b_map, full, kb * kBlockK, w.tile_n * kTileN);
+        if (++stage == p.stages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- Consumer warpgroups: rows [64 warpgroup, 64 warpgroup + 64) of each tile.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int warp = wg_tid / 32;
+  const int lane = wg_tid % 32;
+  // WGMMA accumulator layout: register 4 j + 2 h + c holds row 16 warp + lane / 4 + 8 h and
+  // column 8 j + 2 (lane % 4) + c of the warpgroup's 64 x 128 fragment (store_fragment).
+  const int frag_row = kRowsPerConsumer * warpgroup + 16 * warp + lane / 4;
+  const uint32_t a_offset = warpgroup * kRowsPerConsumer * kBlockK;  // 8 whole atoms
+
+  int stage = 0;
+  uint32_t phase = 0;
+  float blk[kAccRegs];  // one K block's product; the first WGMMA of a block overwrites it
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const WorkUnit w = work_unit(p, tiles_m, tiles_n, unit);
+    const int row0 = w.tile_m * kTileM;
+    const int col0 = w.tile_n * kTileN;
+    // a_scale rows of this thread's two fragment rows (clamped: rows past M multiply zeros).
+    const float* a_scale0 =
+        p.a_scale + static_cast<size_t>(min(row0 + frag_row, p.m - 1)) * p.k_blocks;
+    const float* a_scale1 =
+        p.a_scale + static_cast<size_t>(min(row0 + frag_row + 8, p.m - 1)) * p.k_blocks;
+    const float* b_scale = p.b_scale + static_cast<size_t>(w.tile_n) * p.k_blocks;
+
+    float acc[kAccRegs];
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+
+    // Scales are read one K block ahead, so their latency hides behind the WGMMAs.
+    float sa0 = __ldg(a_scale0 + w.kb_begin);
+    float sa1 = __ldg(a_scale1 + w.kb_begin);
+    float sb = __ldg(b_scale + w.kb_begin);
+
+    for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
+      const uint32_t a_tile = stages0 + stage * kStageBytes;
+      const uint64_t desc_a = smem_desc(a_tile + a_offset);
+      const uint64_t desc_b = smem_desc(a_tile + kOperandBytes);
+      mbar_wait(full0 + 8 * stage, phase);
+
+      fence_fragment(blk);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBlockK / kStepK; ++ks) {
+        // Next 32 bytes of K inside the swizzled row: start address + 32 (descriptor units
+        // of 16 bytes); the hardware applies the 128-byte swizzle on the final address.
+        wgmma_m64n128k32(blk, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_fragment(blk);
+      if (lane == 0) mbar_arrive(empty0 + 8 * stage);  // the stage's operands are read
+
+      const int next = kb + 1 < w.kb_end ? kb + 1 : kb;
+      const float next_sa0 = __ldg(a_scale0 + next);
+      const float next_sa1 = __ldg(a_scale1 + next);
+      const float next_sb = __ldg(b_scale + next);
+
+      // Promotion: acc += blk * a_scale[row] * b_scale, in f32 on the CUDA cores.
+      const float s0 = sa0 * sb;
+      const float s1 = sa1 * sb;
+#pragma unroll
+      for (int j = 0; j < kAccRegs / 4; ++j) {
+        acc[4 * j + 0] = fmaf(blk[4 * j + 0], s0, acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(blk[4 * j + 1], s0, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(blk[4 * j + 2], s1, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(blk[4 * j + 3], s1, acc[4 * j + 3]);
+      }
+      sa0 = next_sa0;
+      sa1 = next_sa1;
+      sb = next_sb;
+      if (++stage == p.stages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+
+    // Epilogue: + beta * c and cast, or the f32 partial of a split.
+    float* staging = staging_base + (4 * warpgroup + warp) * kStagingFloatsPerWarp;
+    const int warp_row0 = row0 + kRowsPerConsumer * warpgroup + 16 * warp;
+    if (p.splits > 1) {
+      const size_t split_offset =
+          static_cast<size_t>(w.kb_begin / p.blocks_per_split) * p.m * p.n;
+      store_fragment<float>(acc, staging, p.partial + split_offset, nullptr, 0.0f, p.m, p.n,
+                            warp_row0, col0, p.vec_partial, lane);
+    } else {
+      store_fragment<OutT>(acc, staging, static_cast<OutT*>(p.out), p.c, p.beta, p.m, p.n,
+                           warp_row0, col0, p.vec_out, lane);
+    }
+  }
+}
+
+}  // namespace hopper
+#endif  // JAX_FP8_SM90A
+
 // ---- Host side ------------------------------------------------------------------------------
 
 ffi::Error cuda_error(cudaError_t err, const char* what) {
@@ -436,11 +867,10 @@ ffi::Error launch_gemm(cudaStream_t stream, const Params& p, int splits) {
   return ffi::Error::Success();
 }
 
+// With split-K, sums the partials into the output (+ beta * c); nothing to do otherwise.
 template <typename OutT>
-ffi::Error run(cudaStream_t stream, Params p, int splits, bool vec) {
-  ffi::Error e = vec ? launch_gemm<OutT, true>(stream, p, splits)
-                     : launch_gemm<OutT, false>(stream, p, splits);
-  if (e.failure() || splits == 1) return e;
+ffi::Error finish_splits(cudaStream_t stream, const Params& p, int splits) {
+  if (splits == 1) return ffi::Error::Success();
   const size_t count = static_cast<size_t>(p.m) * p.n;
   const size_t blocks = (count + 255) / 256;
   const int grid = static_cast<int>(blocks < 65535 ? blocks : 65535);
@@ -450,6 +880,108 @@ ffi::Error run(cudaStream_t stream, Params p, int splits, bool vec) {
   if (err != cudaSuccess) return cuda_error(err, "split-K reduction launch");
   return ffi::Error::Success();
 }
+
+template <typename OutT>
+ffi::Error run(cudaStream_t stream, const Params& p, int splits, bool vec) {
+  ffi::Error e = vec ? launch_gemm<OutT, true>(stream, p, splits)
+                     : launch_gemm<OutT, false>(stream, p, splits);
+  if (e.failure()) return e;
+  return finish_splits<OutT>(stream, p, splits);
+}
+
+#if defined(JAX_FP8_SM90A)
+namespace hopper {
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no -lcuda link).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = []() -> EncodeTiledFn {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr,
+                                                             12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) return nullptr;
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// Tensor map of a [rows, k] K-major e4m3 operand, read in 128-row x 128-byte boxes with the
+// 128-byte swizzle that the WGMMA descriptors expect; out-of-bounds elements read as zero.
+bool encode_operand(EncodeTiledFn encode, CUtensorMap* map, const void* base, int64_t rows,
+                    int64_t k) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};  // bytes; a multiple of 16
+  const cuuint32_t box[2] = {kBlockK, kTileM};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Whether this call can take the WGMMA kernel: a cc 9.0 device, K rows that TMA can address
+// (16-byte strides and base addresses), and enough shared memory for three stages.
+// JAX_FP8_FFI_DISABLE_WGMMA=1 forces the mma.sync kernel (tests, comparisons).
+bool usable(int cc_major, int cc_minor, int64_t k, const void* a, const void* b,
+            int smem_optin) {
+  const char* off = std::getenv("JAX_FP8_FFI_DISABLE_WGMMA");
+  if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
+  return cc_major == 9 && cc_minor == 0 && k % 16 == 0 && aligned16(a) && aligned16(b) &&
+         smem_bytes_for(3) <= smem_optin && encode_tiled() != nullptr;
+}
+
+template <typename OutT>
+ffi::Error run(cudaStream_t stream, const uint8_t* a, const uint8_t* b, int64_t k,
+               const jax_fp8::Params& mp, int splits, int smem_optin, int num_sms) {
+  CUtensorMap a_map, b_map;
+  const EncodeTiledFn encode = encode_tiled();
+  if (!encode_operand(encode, &a_map, a, mp.m, k) || !encode_operand(encode, &b_map, b, mp.n, k))
+    return invalid("cuTensorMapEncodeTiled refused an operand");
+  Params p;
+  p.a_scale = mp.a_scale;
+  p.b_scale = mp.b_scale;
+  p.c = mp.c;
+  p.out = mp.out;
+  p.partial = mp.partial;
+  p.m = mp.m;
+  p.n = mp.n;
+  p.k_blocks = mp.k_blocks;
+  p.blocks_per_split = mp.blocks_per_split;
+  p.splits = splits;
+  p.group_m = mp.group_m;
+  p.beta = mp.beta;
+  p.vec_out = p.n % (16 / sizeof(OutT)) == 0 && aligned16(p.out) &&
+              (p.c == nullptr || aligned16(p.c));
+  p.vec_partial = p.n % 4 == 0 && aligned16(p.partial);
+  p.stages = kMaxStages;
+  while (p.stages > 3 && smem_bytes_for(p.stages) > smem_optin) --p.stages;
+
+  auto kernel = hopper_fp8_gemm<OutT>;
+  const int smem_bytes = smem_bytes_for(p.stages);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) return cuda_error(err, "cudaFuncSetAttribute (WGMMA kernel)");
+  const int64_t units =
+      static_cast<int64_t>((p.m + kTileM - 1) / kTileM) * ((p.n + kTileN - 1) / kTileN) * splits;
+  const int grid = static_cast<int>(units < num_sms ? units : num_sms);  // persistent
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(a_map, b_map, p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cuda_error(err, "WGMMA GEMM kernel launch");
+  return finish_splits<OutT>(stream, mp, splits);
+}
+
+}  // namespace hopper
+#endif  // JAX_FP8_SM90A
 
 bool dims_are(const ffi::AnyBuffer& buf, int64_t d0, int64_t d1) {
   const auto dims = buf.dimensions();
@@ -522,6 +1054,20 @@ ffi::Error blockwise_fp8_dot_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::An
     err = cudaMemsetAsync(p.out, 0xFF, out->size_bytes(), stream);
     if (err != cudaSuccess) return cuda_error(err, "cudaMemsetAsync (poison)");
   }
+#if defined(JAX_FP8_SM90A)
+  int cc_major = 0, cc_minor = 0, num_sms = 0;
+  err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return cuda_error(err, "cudaDeviceGetAttribute");
+  if (hopper::usable(cc_major, cc_minor, k, p.a, p.b, smem_optin)) {
+    return out_type == ffi::BF16
+               ? hopper::run<__nv_bfloat16>(stream, p.a, p.b, k, p, splits, smem_optin, num_sms)
+               : hopper::run<float>(stream, p.a, p.b, k, p, splits, smem_optin, num_sms);
+  }
+#endif
   // 16-byte cp.async needs 16-byte aligned rows.
   const bool vec = k % 16 == 0 && aligned16(p.a) && aligned16(p.b);
   return out_type == ffi::BF16 ? run<__nv_bfloat16>(stream, p, splits, vec)
