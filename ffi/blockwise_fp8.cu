@@ -471,16 +471,10 @@ constexpr int smem_bytes_for(int stages) {
   return kSwizzleAtom + stages * kStageBytes + kStagingBytes + 2 * stages * 8;
 }
 
-struct Params {
-  const float* a_scale;  // [m, k_blocks]
-  const float* b_scale;  // [ceil(n/128), k_blocks]
-  const float* c;        // [m, n] or nullptr
-  void* out;             // [m, n] OutT (splits == 1)
-  float* partial;        // [splits, m, n] f32 (splits > 1)
-  int m, n, k_blocks;
-  int blocks_per_split, splits;
-  int stages, group_m;
-  float beta;
+// The mma.sync kernel's parameters (a and b travel as tensor maps instead; `stages` is this
+// kernel's TMA ring depth), plus what only this kernel needs.
+struct Params : jax_fp8::Params {
+  int splits;
   bool vec_out;      // 16-byte row pieces of out (and c) are aligned: n % (16 / sizeof(OutT))
   bool vec_partial;  // likewise for the split-K partials: n % 4
 };
@@ -948,18 +942,8 @@ ffi::Error run(cudaStream_t stream, const uint8_t* a, const uint8_t* b, int64_t 
   if (!encode_operand(encode, &a_map, a, mp.m, k) || !encode_operand(encode, &b_map, b, mp.n, k))
     return invalid("cuTensorMapEncodeTiled refused an operand");
   Params p;
-  p.a_scale = mp.a_scale;
-  p.b_scale = mp.b_scale;
-  p.c = mp.c;
-  p.out = mp.out;
-  p.partial = mp.partial;
-  p.m = mp.m;
-  p.n = mp.n;
-  p.k_blocks = mp.k_blocks;
-  p.blocks_per_split = mp.blocks_per_split;
+  static_cast<jax_fp8::Params&>(p) = mp;
   p.splits = splits;
-  p.group_m = mp.group_m;
-  p.beta = mp.beta;
   p.vec_out = p.n % (16 / sizeof(OutT)) == 0 && aligned16(p.out) &&
               (p.c == nullptr || aligned16(p.c));
   p.vec_partial = p.n % 4 == 0 && aligned16(p.partial);
