@@ -67,7 +67,8 @@ class HopperConfig:
   (a cluster) take vertically adjacent tiles and share the B tile through TMA
   multicast, halving B's L2 traffic. chain_tiles: chain the CTA's per-tile
   pipelines (no drain between tiles) where every CTA runs >= 2 tiles and
-  `stages` divides the K blocks.
+  `stages` divides the K blocks. producer_registers: registers per thread the
+  TMA warpgroup keeps (setmaxnreg); the consumers share the rest.
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -80,6 +81,7 @@ class HopperConfig:
   num_sms: int | None = None
   cluster_m: int = 1
   consumers: int = 2
+  producer_registers: int = 40
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -118,6 +120,23 @@ class HopperConfig:
       raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
     if self.stages < 1 or self.group < 1:
       raise ValueError("stages and group must be >= 1")
+    if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
+      raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
+                       f"{self.producer_registers}")
+    # setmaxnreg only moves registers the CTA was launched with: asking for
+    # more than that pool makes the consumers' setmaxnreg.inc wait forever.
+    pool = _launch_registers(self.consumers + 1) * (self.consumers + 1)
+    used = self.producer_registers + self.consumers * self.consumer_registers()
+    if used > pool:
+      raise ValueError(f"producer_registers={self.producer_registers} leaves the "
+                       f"{self.consumers} consumer warpgroups {self.consumer_registers()} "
+                       f"registers each: {used} per thread of a warpgroup > the {pool} the CTA "
+                       "is launched with (the kernel would hang)")
+
+  def consumer_registers(self) -> int:
+    """Registers per consumer thread after setmaxnreg (Pallas's split of 512
+    per warpgroup lane: what the producer leaves, evenly, in multiples of 8)."""
+    return int(min(256, (512 - self.producer_registers) / self.consumers) // 8 * 8)
 
   def out_slots(self) -> int:
     """Store buffers per warpgroup: 2 where a tile's pieces pair up, else 1 (a
@@ -134,6 +153,12 @@ class HopperConfig:
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.stages * stage + epi + 1024  # barriers and alignment slack
+
+
+def _launch_registers(warpgroups: int) -> int:
+  """Registers per thread a CTA of this many warpgroups is launched with: the
+  64K register file over its threads, in multiples of 8 (384 threads: 168)."""
+  return min(255, 65536 // (128 * warpgroups)) // 8 * 8
 
 
 def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> HopperConfig:
@@ -173,6 +198,13 @@ _SMALL_M_TILES = ((64, 32, "n", 1.0), (64, 64, "n", 1.0), (64, 128, "n", 1.0),
 # 8 stages of 64 x 32 7% faster than 4). Where the ring divides the K blocks, the
 # tiles' pipelines also chain (a ring one deeper to make it divide ran slower).
 _RING_BYTES = 144 * 1024
+
+
+# Registers the producer warpgroup keeps where a consumer carries two chunks
+# (128 x 256): ptxas's allocation of the K loop is erratic in the consumers'
+# budget (4096x7168x16384 spills 40 B at 232, none at 216, 56 B at 208); 72
+# leaves them 216 (H100, M=4096: +0-3%, 0.92-0.95x -> 0.92-0.98x cuBLAS).
+_TWO_CHUNK_PRODUCER_REGISTERS = 72
 
 
 def _ring_stages(tile_m: int, tile_n: int) -> int:
@@ -244,6 +276,9 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order,
                        consumers=consumers)
   cfg = _with_epilogue(cfg, out_dtype, k, c_dtype)
+  wm, wn = cfg.wg_tile()
+  if cfg.consumers == 2 and (wm // CHUNK_M) * pl.cdiv(wn, SCALE_N) >= 2:
+    cfg = dataclasses.replace(cfg, producer_registers=_TWO_CHUNK_PRODUCER_REGISTERS)
   return _fit_stages(cfg, out_dtype, c_dtype, max_stages=_ring_stages(tm, tn))
 
 
@@ -352,7 +387,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
     return plgpu.emit_pipeline_warp_specialized(
         body,
         grid=(k_blocks,),
-        memory_registers=40,
+        memory_registers=cfg.producer_registers,
         in_specs=[
             plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms),
             plgpu.BlockSpec((tile_n, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms,
@@ -398,26 +433,33 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
       else:
         wr, wc = 0, wg * wn
 
-      def chunk_scales(kb):
-        """a_scale[rows] * b_scale of each chunk for K block kb (one value per row)."""
-        out = []
-        for r, c in chunks:
-          nb = jnp.minimum((n0 + wc + c) // SCALE_N, n_scale_blocks - 1)
+      # A warpgroup's chunks share rows (wg_split "n") or columns ("m"): the
+      # scales are loaded once per distinct row offset and column offset and
+      # multiplied per chunk at promotion (fewer live registers in the K loop).
+      chunk_rows = sorted({r for r, _ in chunks})
+      chunk_cols = sorted({c for _, c in chunks})
+
+      def k_block_scales(kb):
+        """(a_scale of each chunk row offset (one value per row), b_scale of each
+        chunk column offset) for K block kb."""
+        row_scales = []
+        for r in chunk_rows:
           # The A-scale rows are padded to whole chunks only: a chunk wholly past
           # them (past M, its rows are never stored) reads the last chunk's.
           row0 = jnp.minimum(m0 + wr + r, scale_rows - cm)
-          s_a = plgpu.load(as_gmem.at[pl.ds(row0, cm), kb],
-                           layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
-          out.append(s_a * bs_gmem[nb, kb])
-        return tuple(out)
+          row_scales.append(plgpu.load(as_gmem.at[pl.ds(row0, cm), kb],
+                                       layout=plgpu.Layout.WGMMA.reduce(1), optimized=False))
+        col_scales = [bs_gmem[jnp.minimum((n0 + wc + c) // SCALE_N, n_scale_blocks - 1), kb]
+                      for c in chunk_cols]
+        return tuple(row_scales), tuple(col_scales)
 
       def body(idx, a_smem, b_smem, carry):
         (kb,) = idx
-        acc, scales = carry
+        acc, (row_scales, col_scales) = carry
         # Issued now, used in the next step: the loads overlap this step's WGMMAs.
-        next_scales = chunk_scales(jnp.minimum(kb + 1, k_blocks - 1))
+        next_scales = k_block_scales(jnp.minimum(kb + 1, k_blocks - 1))
         new_acc = []
-        for (r, c), acc_c, s in zip(chunks, acc, scales):
+        for (r, c), acc_c in zip(chunks, acc):
           rows, cols = wr + r, wc + c
 
           def mma(block_ref, rows=rows, cols=cols):
@@ -426,6 +468,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
             return block_ref[...]
 
           block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+          s = row_scales[chunk_rows.index(r)] * col_scales[chunk_cols.index(c)]
           # promote: the f32 sum over K blocks runs outside the tensor cores.
           new_acc.append(acc_c + block * lax.broadcast_in_dim(s, block.shape, [0]))
         # Only WGMMA (the async proxy) read this slot, so releasing it to the
@@ -452,7 +495,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         if c_gmem is not None:
           load_c(0)  # c's first piece arrives while the K loop runs
         zero = plgpu.layout_cast(jnp.zeros((cm, cn), jnp.float32), plgpu.Layout.WGMMA)
-        acc, _ = run_pipeline((tuple(zero for _ in chunks), chunk_scales(0)))
+        acc, _ = run_pipeline((tuple(zero for _ in chunks), k_block_scales(0)))
         # Epilogue: (+ beta * c), cast, SMEM, TMA store; stores are double-buffered,
         # and c piece i + 1 loads while piece i is computed.
         for i, (ci, e) in enumerate(pieces):

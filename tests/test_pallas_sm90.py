@@ -151,6 +151,10 @@ def test_default_config_heuristic():
     assert hopper.default_config(64, n, k).tile_m == 64
   big = hopper.default_config(4096, 7168, 2048)
   assert (big.tile_m, big.tile_n, big.consumers) == (128, 256, 2)
+  # Two 64 x 128 chunks per consumer: the producer keeps more registers so that
+  # ptxas's allocation of the consumers' K loop does not spill.
+  assert big.producer_registers == 72
+  assert hopper.default_config(64, 7168, 2048).producer_registers == 40
   # Narrow N at large M: three consumers' 192-row tiles fill the waves (3 of them,
   # where 128 x 128 tiles need 4.1).
   narrow = hopper.default_config(4096, 2112, 7168)
@@ -205,6 +209,16 @@ def test_config_validation():
     hopper.HopperConfig(consumers=4).check()
   with pytest.raises(ValueError, match="divide among 3"):
     hopper.HopperConfig(tile_m=128, wg_split="m", consumers=3).check()
+  # Registers past the 168 per thread a 3-warpgroup CTA launches with would make
+  # the consumers' setmaxnreg.inc wait forever (it hung on the H100).
+  with pytest.raises(ValueError, match="hang"):
+    hopper.HopperConfig(producer_registers=64).check()
+  with pytest.raises(ValueError, match="multiple of 8"):
+    hopper.HopperConfig(producer_registers=44).check()
+  for p, regs in ((24, 240), (40, 232), (72, 216), (88, 208)):
+    cfg = hopper.HopperConfig(producer_registers=p)
+    cfg.check()
+    assert cfg.consumer_registers() == regs
 
 
 def test_unsupported_reason():
