@@ -68,7 +68,10 @@ class HopperConfig:
   multicast, halving B's L2 traffic. chain_tiles: chain the CTA's per-tile
   pipelines (no drain between tiles) where every CTA runs >= 2 tiles and
   `stages` divides the K blocks. producer_registers: registers per thread the
-  TMA warpgroup keeps (setmaxnreg); the consumers share the rest.
+  TMA warpgroup keeps (setmaxnreg); the consumers share the rest. split_k:
+  the K blocks are cut into this many equal ranges, each its own tile of work
+  writing a float32 partial output; a fused XLA reduction sums them (and adds
+  beta * c). For small M, where the output tiles alone leave SMs idle.
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -82,6 +85,7 @@ class HopperConfig:
   cluster_m: int = 1
   consumers: int = 2
   producer_registers: int = 40
+  split_k: int = 1
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -120,6 +124,8 @@ class HopperConfig:
       raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
     if self.stages < 1 or self.group < 1:
       raise ValueError("stages and group must be >= 1")
+    if self.split_k < 1 or (self.split_k > 1 and self.cluster_m > 1):
+      raise ValueError(f"split_k must be >= 1, and 1 with clusters, got {self.split_k}")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
       raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
                        f"{self.producer_registers}")
@@ -148,6 +154,7 @@ class HopperConfig:
     return 2 if pieces % 2 == 0 else 1
 
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
+    out_dtype, c_dtype = _kernel_dtypes(self, out_dtype, c_dtype)
     stage = self.tile_m * K_BLOCK + self.tile_n * K_BLOCK
     epi = self.consumers * self.out_slots() * CHUNK_M * self.epi_tile_n * np.dtype(out_dtype).itemsize
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
@@ -192,6 +199,13 @@ _SHORT_K_TILE = (192, 128, "m", 3)  # tile_m, tile_n, wg_split, consumers
 # tile, the epilogue) worth ~32 columns; a 128-row tile ~1.6x a 64-row one.
 _SMALL_M_TILES = ((64, 32, "n", 1.0), (64, 64, "n", 1.0), (64, 128, "n", 1.0),
                   (64, 256, "n", 1.0), (128, 64, "m", 1.6), (128, 256, "n", 1.6))
+# Decode split-K: from this many K blocks (K >= 4096) up, a small-M problem
+# whose 64-column tiles would leave at least half the SMs idle splits K into 2
+# or 4 ranges instead of narrowing its tiles (H100: 64x2112x7168 124 -> 178
+# TFLOP/s, 128x2112x7168 248 -> 333, 64x4096x7168 212 -> 240, 128x4096x7168
+# 401 -> 420; below 4096 the reduction's fixed cost outweighs the gain).
+_SPLIT_K_MIN_BLOCKS = 32
+_SPLIT_K_TILE_N = 64
 # SMEM the operand ring may take. What SMEM leaves free is L1, where the scale
 # loads hit: on the H100 a ring of ~144 KB was fastest for every tile (8 stages
 # of 64 x 32 up to 3 of 128 x 256; 6 stages of 128 x 128 ran 10% slower than 4,
@@ -217,9 +231,34 @@ def _ring_stages(tile_m: int, tile_n: int) -> int:
 _SHORT_K_BLOCKS = 8
 
 
+def _kernel_dtypes(cfg: HopperConfig, out_dtype, c_dtype):
+  """(output dtype, c dtype) of the kernel itself: split-K kernels write float32
+  partials and leave c to the reduction."""
+  if cfg.split_k > 1:
+    return np.dtype(jnp.float32), None
+  return out_dtype, c_dtype
+
+
+def _decode_split_k(m: int, n: int, k: int, num_sms: int) -> HopperConfig | None:
+  """The split-K tiling for small M and long K, or None where K should not be
+  split: 64-column tiles holding all M rows (B is read once), K cut into the
+  most ranges (4 or 2) that keep the work within one wave of the SMs."""
+  k_blocks = pl.cdiv(k, K_BLOCK)
+  if m > 128 or k_blocks < _SPLIT_K_MIN_BLOCKS:
+    return None
+  tile_m, split = (64, "n") if m <= 64 else (128, "m")
+  tiles = pl.cdiv(n, _SPLIT_K_TILE_N)
+  for split_k in (4, 2):
+    if k_blocks % split_k == 0 and tiles * split_k <= num_sms:
+      return HopperConfig(tile_m=tile_m, tile_n=_SPLIT_K_TILE_N, wg_split=split,
+                          grid_minor="m", split_k=split_k)
+  return None
+
+
 def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> HopperConfig:
   """The widest epilogue store the chunk and the output dtype allow: rows of
   128 bytes, or 256 for short K loops without c (c's ring takes that SMEM)."""
+  out_dtype, c_dtype = _kernel_dtypes(cfg, out_dtype, c_dtype)
   short_k = pl.cdiv(k, K_BLOCK) <= _SHORT_K_BLOCKS
   row_bytes = 256 if short_k and c_dtype is None else 128
   widest = row_bytes // np.dtype(out_dtype).itemsize
@@ -230,10 +269,12 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                    c_dtype=None) -> HopperConfig:
   """Tiling heuristic by shape (from H100 measurements of the DeepSeek-V3 shapes).
 
-  - M <= 128 (decode): bandwidth-bound; the tiling that finishes soonest when
-    the tiles are spread over the SMs in waves (waves x cost per tile, less
-    for tiles whose pipelines chain), down to 64 x 32 tiles so that narrow N
-    still feeds every SM. A 128-row tile is never used for M <= 64.
+  - M <= 128 (decode): bandwidth-bound; with K >= 4096 and N too narrow to
+    give every SM a 64-column tile, split-K (_decode_split_k). Else the tiling
+    that finishes soonest when the tiles are spread over the SMs in waves
+    (waves x cost per tile, less for tiles whose pipelines chain), down to
+    64 x 32 tiles so that narrow N still feeds every SM. A 128-row tile is
+    never used for M <= 64.
   - larger M: among 128 x 256, 128 x 128, 192 x 128 and 64 x 128 tiles, the
     one with the best (wave efficiency x padding efficiency x per-tile
     efficiency): the last wave of a persistent grid that is mostly empty costs
@@ -243,6 +284,11 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   - the ring takes ~_RING_BYTES of SMEM; short K loops get wider epilogue stores.
   """
   num_sms = _num_sms()
+  decode_split = _decode_split_k(m, n, k, num_sms)
+  if decode_split is not None:
+    cfg = _with_epilogue(decode_split, out_dtype, k, c_dtype)
+    return _fit_stages(cfg, out_dtype, c_dtype,
+                       max_stages=_ring_stages(cfg.tile_m, cfg.tile_n))
   if m <= 128:
     def cost(t):
       tm, tn, split, weight = t
@@ -370,6 +416,8 @@ def _num_sms() -> int:
 
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperConfig,
             m: int, n: int, k_blocks: int, beta: float, chain: bool):
+  """One CTA of the persistent grid. With split_k > 1, k_blocks is one split's
+  K range and out_gmem stacks the splits' partial outputs along its rows."""
   tile_m, tile_n = cfg.tile_m, cfg.tile_n
   wm, wn = cfg.wg_tile()
   cm, cn = cfg.chunk()
@@ -377,20 +425,22 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   epi_n = cfg.epi_tile_n
   cl = cfg.cluster_m
   m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl), pl.cdiv(n, tile_n)  # cluster tiles
+  split_rows = out_gmem.shape[0] // cfg.split_k  # one split's partial output
   n_scale_blocks = bs_gmem.shape[0]
   scale_rows = as_gmem.shape[0]  # a multiple of CHUNK_M
   out_dtype = out_gmem.dtype
 
   op_transforms = tiled(a_gmem.dtype, K_BLOCK)  # 128 fp8 = 128 B: swizzle 128
 
-  def make_pipeline(body, compute_context, state=None):
+  def make_pipeline(body, compute_context, state=None, k0=0):
+    """The tile's K loop over blocks k0 .. k0 + k_blocks - 1."""
     return plgpu.emit_pipeline_warp_specialized(
         body,
         grid=(k_blocks,),
         memory_registers=cfg.producer_registers,
         in_specs=[
-            plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms),
-            plgpu.BlockSpec((tile_n, K_BLOCK), lambda kb: (0, kb), transforms=op_transforms,
+            plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, k0 + kb), transforms=op_transforms),
+            plgpu.BlockSpec((tile_n, K_BLOCK), lambda kb: (0, k0 + kb), transforms=op_transforms,
                             collective_axes=("cluster",) if cl > 1 else ()),
         ],
         wg_axis="wg",
@@ -417,9 +467,11 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   def _scope(pipeline_allocs, out_smem, c_smem=None, c_barrier=None):
     wg = lax.axis_index("wg")
 
-    @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+    @plgpu.nd_loop((cfg.split_k * m_iters * n_iters,), collective_axes="sm")
     def _tile_loop(info):
       (lin,) = info.index
+      split, lin = lin // (m_iters * n_iters), lin % (m_iters * n_iters)
+      k0 = split * k_blocks  # this tile's first K block
       minor = 1 if cfg.grid_minor == "n" else 0
       mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters), minor, cfg.group)
       if cl > 1:
@@ -436,12 +488,13 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
       # A warpgroup's chunks share rows (wg_split "n") or columns ("m"): the
       # scales are loaded once per distinct row offset and column offset and
       # multiplied per chunk at promotion (fewer live registers in the K loop).
+      # A single chunk carries the product instead (H100: 6% faster there).
       chunk_rows = sorted({r for r, _ in chunks})
       chunk_cols = sorted({c for _, c in chunks})
 
       def k_block_scales(kb):
         """(a_scale of each chunk row offset (one value per row), b_scale of each
-        chunk column offset) for K block kb."""
+        chunk column offset) for K block kb; for one chunk ((their product,), ())."""
         row_scales = []
         for r in chunk_rows:
           # The A-scale rows are padded to whole chunks only: a chunk wholly past
@@ -451,13 +504,22 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
                                        layout=plgpu.Layout.WGMMA.reduce(1), optimized=False))
         col_scales = [bs_gmem[jnp.minimum((n0 + wc + c) // SCALE_N, n_scale_blocks - 1), kb]
                       for c in chunk_cols]
+        if len(chunks) == 1:
+          return (row_scales[0] * col_scales[0],), ()
         return tuple(row_scales), tuple(col_scales)
+
+      def chunk_scale(scales, r, c):
+        """a_scale[rows] * b_scale of chunk (r, c), from k_block_scales."""
+        row_scales, col_scales = scales
+        if not col_scales:
+          return row_scales[0]
+        return row_scales[chunk_rows.index(r)] * col_scales[chunk_cols.index(c)]
 
       def body(idx, a_smem, b_smem, carry):
         (kb,) = idx
-        acc, (row_scales, col_scales) = carry
+        acc, scales = carry
         # Issued now, used in the next step: the loads overlap this step's WGMMAs.
-        next_scales = k_block_scales(jnp.minimum(kb + 1, k_blocks - 1))
+        next_scales = k_block_scales(k0 + jnp.minimum(kb + 1, k_blocks - 1))
         new_acc = []
         for (r, c), acc_c in zip(chunks, acc):
           rows, cols = wr + r, wc + c
@@ -468,7 +530,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
             return block_ref[...]
 
           block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
-          s = row_scales[chunk_rows.index(r)] * col_scales[chunk_cols.index(c)]
+          s = chunk_scale(scales, r, c)
           # promote: the f32 sum over K blocks runs outside the tensor cores.
           new_acc.append(acc_c + block * lax.broadcast_in_dim(s, block.shape, [0]))
         # Only WGMMA (the async proxy) read this slot, so releasing it to the
@@ -479,11 +541,12 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
       # (chunk index, column offset inside the chunk).
       pieces = [(ci, e) for ci in range(len(chunks)) for e in range(0, cn, epi_n)]
 
-      def window(i):
-        """The GMEM rows and columns of piece i (in c and in the output)."""
+      def window(i, split=0):
+        """The GMEM rows and columns of piece i (in c, and in the output with
+        split: its partial output)."""
         ci, e = pieces[i]
         r, c = chunks[ci]
-        return pl.ds(m0 + wr + r, cm), pl.ds(n0 + wc + c + e, epi_n)
+        return pl.ds(split * split_rows + m0 + wr + r, cm), pl.ds(n0 + wc + c + e, epi_n)
 
       def load_c(i):
         """Starts the TMA of c for piece i into its ring slot."""
@@ -495,7 +558,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         if c_gmem is not None:
           load_c(0)  # c's first piece arrives while the K loop runs
         zero = plgpu.layout_cast(jnp.zeros((cm, cn), jnp.float32), plgpu.Layout.WGMMA)
-        acc, _ = run_pipeline((tuple(zero for _ in chunks), k_block_scales(0)))
+        acc, _ = run_pipeline((tuple(zero for _ in chunks), k_block_scales(k0)))
         # Epilogue: (+ beta * c), cast, SMEM, TMA store; stores are double-buffered,
         # and c piece i + 1 loads while piece i is computed.
         for i, (ci, e) in enumerate(pieces):
@@ -511,7 +574,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
           plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
           out_smem[wg, slot] = val.astype(out_dtype)
           plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], out_gmem.at[window(i)])
+          plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], out_gmem.at[window(i, split)])
 
       state = None
       if chain:
@@ -523,7 +586,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         state = jnp.where(first, int(plgpu.PipelinePipeline.START),
                           jnp.where(last, int(plgpu.PipelinePipeline.STOP),
                                     int(plgpu.PipelinePipeline.STEADY)))
-      make_pipeline(body, compute_context, state)(
+      make_pipeline(body, compute_context, state, k0)(
           a_gmem.at[pl.ds(m0, tile_m)],
           b_gmem.at[pl.ds(n0, tile_n)],
           allocations=pipeline_allocs,
@@ -533,7 +596,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
 
 
 def _cluster_tiles(cfg: HopperConfig, m: int, n: int) -> int:
-  return pl.cdiv(pl.cdiv(m, cfg.tile_m), cfg.cluster_m) * pl.cdiv(n, cfg.tile_n)
+  """Units of work of the persistent grid: (cluster) output tiles x K splits."""
+  return pl.cdiv(pl.cdiv(m, cfg.tile_m), cfg.cluster_m) * pl.cdiv(n, cfg.tile_n) * cfg.split_k
 
 
 def _grid_size(cfg: HopperConfig, m: int, n: int) -> int:
@@ -546,7 +610,7 @@ def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int) -> bool:
   tiles (the first starts the chain, the last stops it) and the ring must wrap
   exactly at a tile's end."""
   return (cfg.chain_tiles and _cluster_tiles(cfg, m, n) >= 2 * _grid_size(cfg, m, n)
-          and pl.cdiv(k, K_BLOCK) % cfg.stages == 0)
+          and pl.cdiv(k, K_BLOCK) // cfg.split_k % cfg.stages == 0)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
@@ -563,6 +627,14 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
     c = c.astype(jnp.float32)
   cfg = config or _config_for(m, n, k, out_dtype, None if c is None else np.dtype(c.dtype))
   cfg.check()
+  split_k = cfg.split_k
+  if k_blocks % split_k:
+    raise ValueError(f"split_k={split_k} must divide the {k_blocks} K blocks of K={k}")
+  if split_k > 1:
+    # Each split writes float32 partials; c joins in the reduction below.
+    c_in, c, kernel_dtype = c, None, np.dtype(jnp.float32)
+  else:
+    kernel_dtype = out_dtype
 
   ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
                     out_cols_multiple=64, transpose_a_scale=False,
@@ -570,10 +642,13 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   cl = cfg.cluster_m
   grid = _grid_size(cfg, m, n)
   chain = chains_tiles(cfg, m, n, k)
+  # A split's partial output has whole tiles of rows: the TMA stores of its
+  # last row tile must not land in the next split's rows.
+  split_rows = pl.cdiv(m, cfg.tile_m) * cfg.tile_m if split_k > 1 else ops.rows
   kernel = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, m=m, n=n, k_blocks=k_blocks, beta=float(beta),
-                        chain=chain),
-      out_type=jax.ShapeDtypeStruct((ops.rows, ops.out_cols), out_dtype),
+      functools.partial(_kernel, cfg=cfg, m=m, n=n, k_blocks=k_blocks // split_k,
+                        beta=float(beta), chain=chain),
+      out_type=jax.ShapeDtypeStruct((split_k * split_rows, ops.out_cols), kernel_dtype),
       grid=(grid,),
       grid_names=("sm",),
       cluster=(cl,),
@@ -583,6 +658,12 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
   out = kernel(ops.a, ops.a_scale, ops.b, b_scale, ops.c)
+  if split_k > 1:
+    # One fused XLA reduction, in a fixed order (deterministic).
+    out = out.reshape(split_k, split_rows, ops.out_cols)[:, :m, :n].sum(axis=0)
+    if c_in is not None:
+      out = out + beta * c_in.astype(jnp.float32)
+    return out.astype(out_dtype)
   if out.shape != (m, n):
     out = out[:m, :n]
   return out

@@ -43,6 +43,9 @@ THREE_WG = hopper.HopperConfig(tile_m=192, tile_n=128, wg_split="m", consumers=3
 # epilogue stores; 3 CTAs over 4 N tiles.
 NARROW = hopper.HopperConfig(tile_m=64, tile_n=32, wg_split="n", stages=3, num_sms=3,
                              epi_tile_n=16, grid_minor="m")
+# Split-K: two K ranges per output tile, each writing float32 partials; 16 units
+# of work on 3 CTAs, chained (2 stages divide each split's 2 K blocks).
+SPLIT_K = dataclasses.replace(CHAIN, num_sms=3, split_k=2)
 
 
 def _interpret(fn, *args):
@@ -84,6 +87,9 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (5, 128, 640, NARROW, False, BF16, 1.0, None),
     # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
     (130, 300, 300, dataclasses.replace(SMALL, num_sms=4, cluster_m=2), True, F32, 0.5, jnp.float32),
+    # split-K: a partial last K block in the last split; c added in the reduction
+    (70, 200, 500, SPLIT_K, True, BF16, 0.5, jnp.bfloat16),
+    (7, 100, 488, dataclasses.replace(NARROW, split_k=4), False, F32, 1.0, None),
 ])
 def test_kernel_interpret(m, n, k, cfg, with_c, out_dtype, beta, c_dtype):
   _run_kernel(m, n, k, cfg, with_c=with_c, out_dtype=out_dtype, beta=beta,
@@ -93,6 +99,7 @@ def test_kernel_interpret(m, n, k, cfg, with_c, out_dtype, beta, c_dtype):
 @pytest.mark.parametrize("m,n,k,with_c,out_dtype", [
     (33, 160, 264, True, F32),
     (96, 72, 128, False, BF16),
+    (5, 100, 4096, True, BF16),  # the heuristic splits K in 4: c joins the reduction
 ])
 def test_public_api_interpret(m, n, k, with_c, out_dtype):
   """Through jax_fp8.blockwise_fp8_dot(..., backend="pallas_sm90") and the heuristic config."""
@@ -171,11 +178,20 @@ def test_default_config_heuristic():
   # 6-deep ring dividing the 12 K blocks) over one wave of unchained 128 x 256.
   mid = hopper.default_config(128, 24576, 1536)
   assert (mid.tile_m, mid.tile_n) == (128, 64) and hopper.chains_tiles(mid, 128, 24576, 1536)
-  # Narrow N at small M: tiles narrow enough to give most of the 132 SMs work.
-  for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168)):
+  # Narrow N at small M: tiles (x K splits) enough to give most of the 132 SMs work.
+  for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168),
+                  (64, 2112, 2048), (128, 7168, 16384)):
     cfg = hopper.default_config(m, n, k)
-    tiles = pl.cdiv(m, cfg.tile_m) * pl.cdiv(n, cfg.tile_n)
+    tiles = pl.cdiv(m, cfg.tile_m) * pl.cdiv(n, cfg.tile_n) * cfg.split_k
     assert 64 <= tiles <= 132, (m, n, k, cfg)
+  # ... by splitting K where it is long: 64-column tiles of all M rows.
+  for m, n, k, split_k in ((64, 2112, 7168, 4), (128, 2112, 7168, 4), (64, 4096, 7168, 2),
+                           (128, 4096, 7168, 2), (1, 2112, 4096, 4)):
+    cfg = hopper.default_config(m, n, k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (max(64, m), 64, split_k), (m, n, k, cfg)
+  # Not where the tiles already fill the SMs, K is short, or M is large.
+  for m, n, k in ((128, 7168, 16384), (64, 2112, 2048), (64, 24576, 1536), (256, 2112, 7168)):
+    assert hopper.default_config(m, n, k).split_k == 1, (m, n, k)
   for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168),
                   (4097, 7000, 1000), (4096, 32768, 512), (64, 32768, 512)):
     for out_dtype in (BF16, F32):
@@ -219,6 +235,15 @@ def test_config_validation():
     cfg = hopper.HopperConfig(producer_registers=p)
     cfg.check()
     assert cfg.consumer_registers() == regs
+
+
+def test_split_k_must_divide_the_k_blocks():
+  ops = testing.random_operands(0, 64, 64, 384)
+  with pytest.raises(ValueError, match="split_k=2 must divide the 3 K blocks"):
+    hopper.blockwise_fp8_dot(*ops.args()[:4], None, beta=1.0, out_dtype=BF16,
+                             config=dataclasses.replace(CHAIN, split_k=2))
+  with pytest.raises(ValueError, match="split_k"):
+    dataclasses.replace(CHAIN, split_k=2, cluster_m=2).check()
 
 
 def test_unsupported_reason():
@@ -284,7 +309,8 @@ def test_gpu_deepseek_shapes(m, n, k):
 
 @requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (7, 7000, 1000), (4097, 2112, 7168),
-                                   (4097, 7000, 1000), (300, 7000, 7168), (64, 7168, 2048)])
+                                   (4097, 7000, 1000), (300, 7000, 7168), (64, 7168, 2048),
+                                   (100, 4096, 7168)])  # M=1, 100: split-K
 @pytest.mark.parametrize("out_dtype,with_c", [(BF16, False), (F32, True), (BF16, True)])
 def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
   _gpu_check(m, n, k, out_dtype, with_c)
