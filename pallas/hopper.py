@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -199,6 +200,14 @@ _SHORT_K_TILE = (192, 128, "m", 3)  # tile_m, tile_n, wg_split, consumers
 # tile, the epilogue) worth ~32 columns; a 128-row tile ~1.6x a 64-row one.
 _SMALL_M_TILES = ((64, 32, "n", 1.0), (64, 64, "n", 1.0), (64, 128, "n", 1.0),
                   (64, 256, "n", 1.0), (128, 64, "m", 1.6), (128, 256, "n", 1.6))
+# Long K loops (>= 64 K blocks) on 128 x 256 tiles: a 4-deep ring where it
+# divides the K blocks, so that the tiles' pipelines chain (H100:
+# 4096x7168x16384 1226 -> 1300 TFLOP/s, 4096x7168x8192 1214 -> 1278,
+# 4096x4096x16384 1230 -> 1276, 8192x7168x16384 1221 -> 1291). Unchained, 4
+# stages were slower than 3 (1188), and at 56 K blocks (K=7168) chained 4
+# stages 3% slower: there the SMEM is better left to L1.
+_LONG_K_BLOCKS = 64
+_LONG_K_STAGES = 4
 # Decode split-K: from this many K blocks (K >= 4096) up, a small-M problem
 # whose 64-column tiles would leave at least half the SMs idle splits K into 2
 # or 4 ranges instead of narrowing its tiles (H100: 64x2112x7168 124 -> 178
@@ -253,6 +262,14 @@ def _decode_split_k(m: int, n: int, k: int, num_sms: int) -> HopperConfig | None
       return HopperConfig(tile_m=tile_m, tile_n=_SPLIT_K_TILE_N, wg_split=split,
                           grid_minor="m", split_k=split_k)
   return None
+
+
+def _with_registers(cfg: HopperConfig) -> HopperConfig:
+  """cfg with the producer's register count for its chunks per consumer."""
+  wm, wn = cfg.wg_tile()
+  if cfg.consumers == 2 and (wm // CHUNK_M) * pl.cdiv(wn, SCALE_N) >= 2:
+    return dataclasses.replace(cfg, producer_registers=_TWO_CHUNK_PRODUCER_REGISTERS)
+  return cfg
 
 
 def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> HopperConfig:
@@ -322,42 +339,47 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order,
                        consumers=consumers)
   cfg = _with_epilogue(cfg, out_dtype, k, c_dtype)
-  wm, wn = cfg.wg_tile()
-  if cfg.consumers == 2 and (wm // CHUNK_M) * pl.cdiv(wn, SCALE_N) >= 2:
-    cfg = dataclasses.replace(cfg, producer_registers=_TWO_CHUNK_PRODUCER_REGISTERS)
+  cfg = _with_registers(cfg)
+  if m > 128 and (tm, tn) == (128, 256) and pl.cdiv(k, K_BLOCK) >= _LONG_K_BLOCKS:
+    deep = _fit_stages(cfg, out_dtype, c_dtype, max_stages=_LONG_K_STAGES)
+    if deep.stages == _LONG_K_STAGES and chains_tiles(deep, m, n, k):
+      return deep
   return _fit_stages(cfg, out_dtype, c_dtype, max_stages=_ring_stages(tm, tn))
 
 
 def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                       c_dtype=None) -> list[HopperConfig]:
   """The configs autotuning times for a shape: the heuristic's first, then the
-  tile shapes, warpgroup splits, ring depths, tile orders and clusters worth
-  trying there."""
+  tile shapes, warpgroup splits, ring depths, tile orders, clusters and (small
+  M, long K) K splits worth trying there."""
+  k_blocks = pl.cdiv(k, K_BLOCK)
+  splits = (1,)
   if m <= 128:
     tiles = [(64, 32, "n", 2), (64, 64, "n", 2), (64, 128, "n", 2), (64, 256, "n", 2)]
     if m > 64:
       tiles += [(128, 64, "m", 2), (128, 128, "m", 2), (128, 256, "n", 2)]
     orders, clusters = ("m",), (1,)
+    if k_blocks >= _SPLIT_K_MIN_BLOCKS:
+      splits += tuple(s for s in (2, 4) if k_blocks % s == 0)
   else:
     tiles = [(128, 256, "n", 2), (128, 128, "m", 2), (128, 128, "n", 2), (64, 128, "n", 2),
              (64, 256, "n", 2), (256, 128, "m", 2), (192, 128, "m", 3)]
     orders, clusters = ("n" if m >= 1024 else "m",), (1, 2)
   out = [default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)]
   for tm, tn, split, consumers in tiles:
-    for order in orders:
-      for cl in clusters:
-        cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl,
-                           consumers=consumers)
-        try:
-          cfg = _with_epilogue(cfg, out_dtype, k, c_dtype)
-          cfg.check()
-        except ValueError:
-          continue
-        ring = _ring_stages(tm, tn)
-        for stages in (ring, ring + 1):  # one deeper: chains where it divides the K blocks
-          staged = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages)
-          if staged not in out:
-            out.append(staged)
+    for order, cl, split_k in itertools.product(orders, clusters, splits):
+      cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl,
+                         consumers=consumers, split_k=split_k)
+      try:
+        cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype))
+        cfg.check()
+      except ValueError:
+        continue
+      ring = _ring_stages(tm, tn)
+      for stages in (ring, ring + 1):  # one deeper: chains where it divides the K blocks
+        staged = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages)
+        if staged not in out:
+          out.append(staged)
   return out
 
 

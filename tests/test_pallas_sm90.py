@@ -162,6 +162,10 @@ def test_default_config_heuristic():
   # ptxas's allocation of the consumers' K loop does not spill.
   assert big.producer_registers == 72
   assert hopper.default_config(64, 7168, 2048).producer_registers == 40
+  # Long K loops: a 4-deep ring that divides the K blocks, chained; not at K=7168.
+  long_k = hopper.default_config(4096, 7168, 16384)
+  assert long_k.stages == 4 and hopper.chains_tiles(long_k, 4096, 7168, 16384)
+  assert hopper.default_config(4096, 4096, 7168).stages == 3
   # Narrow N at large M: three consumers' 192-row tiles fill the waves (3 of them,
   # where 128 x 128 tiles need 4.1).
   narrow = hopper.default_config(4096, 2112, 7168)
