@@ -376,7 +376,9 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       except ValueError:
         continue
       ring = _ring_stages(tm, tn)
-      for stages in (ring, ring + 1):  # one deeper: chains where it divides the K blocks
+      # One deeper: chains where it divides the K blocks (a split's K range is
+      # long, its tiles few: not worth a second ring there).
+      for stages in (ring, ring + 1) if split_k == 1 else (ring,):
         staged = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages)
         if staged not in out:
           out.append(staged)
