@@ -25,6 +25,8 @@ pytestmark = pytest.mark.skipif(len(_gpus()) < 2, reason="needs >= 2 GPUs")
 
 CASES = [  # name, (m, n, k), specs of (a, a_scale, b, b_scale, c/out), expected collectives
     ("M", (4096, 2112, 7168), (P("x"), P("x"), P(), P(), P("x")), {}),
+    # decode: each GPU's 64 rows take the Pallas kernel's split-K path
+    ("M-decode", (128, 2112, 7168), (P("x"), P("x"), P(), P(), P("x")), {}),
     ("N", (256, 4096, 7168), (P(), P(), P("x"), P("x"), P(None, "x")), {}),
     ("K", (512, 2048, 4096), (P(None, "x"), P(None, "x"), P(None, "x"), P(None, "x"), P()),
      {"all-reduce": 1}),
