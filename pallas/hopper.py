@@ -658,11 +658,10 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   split_k = cfg.split_k
   if k_blocks % split_k:
     raise ValueError(f"split_k={split_k} must divide the {k_blocks} K blocks of K={k}")
+  kernel_dtype, _ = _kernel_dtypes(cfg, out_dtype, None)
+  c_in = c
   if split_k > 1:
-    # Each split writes float32 partials; c joins in the reduction below.
-    c_in, c, kernel_dtype = c, None, np.dtype(jnp.float32)
-  else:
-    kernel_dtype = out_dtype
+    c = None  # each split writes float32 partials; c joins in the reduction below
 
   ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
                     out_cols_multiple=64, transpose_a_scale=False,
