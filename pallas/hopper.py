@@ -66,7 +66,8 @@ class HopperConfig:
   epi_tile_n: column width of one epilogue store. num_sms: CTAs of the
   persistent grid (None: the device's SM count). cluster_m=2: pairs of CTAs
   (a cluster) take vertically adjacent tiles and share the B tile through TMA
-  multicast, halving B's L2 traffic. chain_tiles: chain the CTA's per-tile
+  multicast, halving B's L2 traffic; cluster_n=2: horizontally adjacent tiles
+  sharing the A tile (at most one of the two is 2). chain_tiles: chain the CTA's per-tile
   pipelines (no drain between tiles) where every CTA runs >= 2 tiles and
   `stages` divides the K blocks. producer_registers: registers per thread the
   TMA warpgroup keeps (setmaxnreg); the consumers share the rest. split_k:
@@ -84,6 +85,7 @@ class HopperConfig:
   chain_tiles: bool = True
   num_sms: int | None = None
   cluster_m: int = 1
+  cluster_n: int = 1
   consumers: int = 2
   producer_registers: int = 40
   split_k: int = 1
@@ -121,8 +123,11 @@ class HopperConfig:
     if cn % self.epi_tile_n or self.epi_tile_n < 16:
       raise ValueError(f"epi_tile_n={self.epi_tile_n} must be >= 16 and divide the chunk "
                        f"width {cn}")
-    if self.cluster_m not in (1, 2):
-      raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
+    if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+      raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}, "
+                       f"{self.cluster_n}")
+    if self.cluster_m * self.cluster_n > 2:
+      raise ValueError("a cluster shares A (cluster_n) or B (cluster_m), not both")
     if self.stages < 1 or self.group < 1:
       raise ValueError("stages and group must be >= 1")
     if self.split_k < 1 or (self.split_k > 1 and self.cluster_m > 1):
@@ -215,6 +220,11 @@ _LONG_K_STAGES = 4
 # 401 -> 420; below 4096 the reduction's fixed cost outweighs the gain).
 _SPLIT_K_MIN_BLOCKS = 32
 _SPLIT_K_TILE_N = 64
+# Decode tiles of 128 rows (64 < M <= 128) in one wave over at least this many K
+# blocks: clusters of 2 CTAs share their A tile by TMA multicast (H100,
+# 128x7168x16384: 556-559 -> 575-581 TFLOP/s; where split-K or a second wave
+# applies, pairs gained nothing or lost: 128x4096x7168 -1%, 128x24576x1536 -2%).
+_SHARED_A_K_BLOCKS = 64
 # SMEM the operand ring may take. What SMEM leaves free is L1, where the scale
 # loads hit: on the H100 a ring of ~144 KB was fastest for every tile (8 stages
 # of 64 x 32 up to 3 of 128 x 256; 6 stages of 128 x 128 ran 10% slower than 4,
@@ -295,7 +305,8 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     that finishes soonest when the tiles are spread over the SMs in waves
     (waves x cost per tile, less for tiles whose pipelines chain), down to
     64 x 32 tiles so that narrow N still feeds every SM. A 128-row tile is
-    never used for M <= 64.
+    never used for M <= 64; one wave of them over a long K shares A in
+    clusters of 2.
   - larger M: among 128 x 256, 128 x 128, 192 x 128 and 64 x 128 tiles, the
     one with the best (wave efficiency x padding efficiency x per-tile
     efficiency): the last wave of a persistent grid that is mostly empty costs
@@ -322,7 +333,12 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       return (pl.cdiv(tiles, num_sms) * weight * (tn + fixed), -tm * tn)
     tiles = [t for t in _SMALL_M_TILES if t[0] <= max(64, m)]
     tm, tn, split, _ = min(tiles, key=cost)
-    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m")
+    # One wave of 128-row tiles over a long K: every CTA reads all of A, so
+    # pairs of CTAs share it by multicast.
+    shared_a = (tm == 128 and pl.cdiv(k, K_BLOCK) >= _SHARED_A_K_BLOCKS
+                and pl.cdiv(n, tn) <= num_sms)
+    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m",
+                       cluster_n=2 if shared_a else 1)
   else:
     def score(t):
       tm, tn, _, _, eff = t
@@ -451,8 +467,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   cm, cn = cfg.chunk()
   chunks = [(r, c) for r in range(0, wm, cm) for c in range(0, wn, cn)]
   epi_n = cfg.epi_tile_n
-  cl = cfg.cluster_m
-  m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl), pl.cdiv(n, tile_n)  # cluster tiles
+  cl_m, cl_n = cfg.cluster_m, cfg.cluster_n
+  m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl_m), pl.cdiv(pl.cdiv(n, tile_n), cl_n)  # cluster tiles
   split_rows = out_gmem.shape[0] // cfg.split_k  # one split's partial output
   n_scale_blocks = bs_gmem.shape[0]
   scale_rows = as_gmem.shape[0]  # a multiple of CHUNK_M
@@ -467,9 +483,10 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         grid=(k_blocks,),
         memory_registers=cfg.producer_registers,
         in_specs=[
-            plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, k0 + kb), transforms=op_transforms),
+            plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, k0 + kb), transforms=op_transforms,
+                            collective_axes=("cluster",) if cl_n > 1 else ()),
             plgpu.BlockSpec((tile_n, K_BLOCK), lambda kb: (0, k0 + kb), transforms=op_transforms,
-                            collective_axes=("cluster",) if cl > 1 else ()),
+                            collective_axes=("cluster",) if cl_m > 1 else ()),
         ],
         wg_axis="wg",
         num_compute_wgs=cfg.consumers,
@@ -502,10 +519,13 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
       k0 = split * k_blocks  # this tile's first K block
       minor = 1 if cfg.grid_minor == "n" else 0
       mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters), minor, cfg.group)
-      if cl > 1:
-        # The cluster's CTAs stack vertically; a CTA past M loads zeros and its
-        # stores are dropped, but it must still take part in the multicast.
-        mi = mi * cl + lax.axis_index("cluster")
+      # The cluster's CTAs stack vertically (cluster_m) or side by side
+      # (cluster_n); a CTA past M or N loads zeros and its stores are dropped,
+      # but it must still take part in the multicast.
+      if cl_m > 1:
+        mi = mi * cl_m + lax.axis_index("cluster")
+      if cl_n > 1:
+        ni = ni * cl_n + lax.axis_index("cluster")
       m0, n0 = mi * tile_m, ni * tile_n
       # This warpgroup's corner inside the CTA tile.
       if cfg.wg_split == "m":
@@ -625,12 +645,14 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
 
 def _cluster_tiles(cfg: HopperConfig, m: int, n: int) -> int:
   """Units of work of the persistent grid: (cluster) output tiles x K splits."""
-  return pl.cdiv(pl.cdiv(m, cfg.tile_m), cfg.cluster_m) * pl.cdiv(n, cfg.tile_n) * cfg.split_k
+  return (pl.cdiv(pl.cdiv(m, cfg.tile_m), cfg.cluster_m)
+          * pl.cdiv(pl.cdiv(n, cfg.tile_n), cfg.cluster_n) * cfg.split_k)
 
 
 def _grid_size(cfg: HopperConfig, m: int, n: int) -> int:
-  """Entries of the persistent grid, one per cluster (of cluster_m CTAs)."""
-  return min((cfg.num_sms or _num_sms()) // cfg.cluster_m, _cluster_tiles(cfg, m, n))
+  """Entries of the persistent grid, one per cluster (of cluster_m x cluster_n CTAs)."""
+  return min((cfg.num_sms or _num_sms()) // (cfg.cluster_m * cfg.cluster_n),
+             _cluster_tiles(cfg, m, n))
 
 
 def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int) -> bool:
@@ -666,7 +688,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
                     out_cols_multiple=64, transpose_a_scale=False,
                     a_scale_rows_multiple=CHUNK_M)
-  cl = cfg.cluster_m
+  cl = cfg.cluster_m * cfg.cluster_n
   grid = _grid_size(cfg, m, n)
   chain = chains_tiles(cfg, m, n, k)
   # A split's partial output has whole tiles of rows: the TMA stores of its

@@ -87,6 +87,11 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (5, 128, 640, NARROW, False, BF16, 1.0, None),
     # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
     (130, 300, 300, dataclasses.replace(SMALL, num_sms=4, cluster_m=2), True, F32, 0.5, jnp.float32),
+    # 2-CTA clusters sharing A (side by side); 5 N tiles: one CTA runs past N
+    (130, 300, 500, dataclasses.replace(CHAIN, num_sms=4, cluster_n=2), True, F32, 0.5,
+     jnp.float32),
+    (7, 300, 512, dataclasses.replace(CHAIN, num_sms=4, cluster_n=2, split_k=2), False, BF16,
+     1.0, None),
     # split-K: a partial last K block in the last split; c added in the reduction
     (70, 200, 500, SPLIT_K, True, BF16, 0.5, jnp.bfloat16),
     (7, 100, 488, dataclasses.replace(NARROW, split_k=4), False, F32, 1.0, None),
@@ -193,6 +198,10 @@ def test_default_config_heuristic():
                            (128, 4096, 7168, 2), (1, 2112, 4096, 4)):
     cfg = hopper.default_config(m, n, k)
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (max(64, m), 64, split_k), (m, n, k, cfg)
+  # One wave of 128-row tiles over a long K: pairs of CTAs share A.
+  assert hopper.default_config(128, 7168, 16384).cluster_n == 2
+  for m, n, k in ((128, 24576, 1536), (128, 7168, 2048), (128, 4096, 7168), (64, 7168, 16384)):
+    assert hopper.default_config(m, n, k).cluster_n == 1, (m, n, k)
   # Not where the tiles already fill the SMs, K is short, or M is large.
   for m, n, k in ((128, 7168, 16384), (64, 2112, 2048), (64, 24576, 1536), (256, 2112, 7168)):
     assert hopper.default_config(m, n, k).split_k == 1, (m, n, k)
@@ -231,6 +240,8 @@ def test_config_validation():
     hopper.HopperConfig(tile_m=128, wg_split="m", consumers=3).check()
   # Registers past the 168 per thread a 3-warpgroup CTA launches with would make
   # the consumers' setmaxnreg.inc wait forever (it hung on the H100).
+  with pytest.raises(ValueError, match="not both"):
+    hopper.HopperConfig(cluster_m=2, cluster_n=2).check()
   with pytest.raises(ValueError, match="hang"):
     hopper.HopperConfig(producer_registers=64).check()
   with pytest.raises(ValueError, match="multiple of 8"):
