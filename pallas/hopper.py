@@ -67,8 +67,8 @@ class HopperConfig:
   persistent grid (None: the device's SM count). cluster_m=2: pairs of CTAs
   (a cluster) take vertically adjacent tiles and share the B tile through TMA
   multicast, halving B's L2 traffic; cluster_n=2: horizontally adjacent tiles
-  sharing the A tile (at most one of the two is 2). chain_tiles: chain the CTA's per-tile
-  pipelines (no drain between tiles) where every CTA runs >= 2 tiles and
+  sharing the A tile (at most one of the two is 2). chain_tiles: chain the
+  CTA's per-tile pipelines (no drain between tiles) where every CTA runs >= 2 tiles and
   `stages` divides the K blocks. producer_registers: registers per thread the
   TMA warpgroup keeps (setmaxnreg); the consumers share the rest. split_k:
   the K blocks are cut into this many equal ranges, each its own tile of work
@@ -468,7 +468,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   chunks = [(r, c) for r in range(0, wm, cm) for c in range(0, wn, cn)]
   epi_n = cfg.epi_tile_n
   cl_m, cl_n = cfg.cluster_m, cfg.cluster_n
-  m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl_m), pl.cdiv(pl.cdiv(n, tile_n), cl_n)  # cluster tiles
+  # Cluster tiles along M and N.
+  m_iters, n_iters = pl.cdiv(pl.cdiv(m, tile_m), cl_m), pl.cdiv(pl.cdiv(n, tile_n), cl_n)
   split_rows = out_gmem.shape[0] // cfg.split_k  # one split's partial output
   n_scale_blocks = bs_gmem.shape[0]
   scale_rows = as_gmem.shape[0]  # a multiple of CHUNK_M
