@@ -238,10 +238,10 @@ def test_config_validation():
     hopper.HopperConfig(consumers=4).check()
   with pytest.raises(ValueError, match="divide among 3"):
     hopper.HopperConfig(tile_m=128, wg_split="m", consumers=3).check()
-  # Registers past the 168 per thread a 3-warpgroup CTA launches with would make
-  # the consumers' setmaxnreg.inc wait forever (it hung on the H100).
   with pytest.raises(ValueError, match="not both"):
     hopper.HopperConfig(cluster_m=2, cluster_n=2).check()
+  # Registers past the 168 per thread a 3-warpgroup CTA launches with would make
+  # the consumers' setmaxnreg.inc wait forever (it hung on the H100).
   with pytest.raises(ValueError, match="hang"):
     hopper.HopperConfig(producer_registers=64).check()
   with pytest.raises(ValueError, match="multiple of 8"):
