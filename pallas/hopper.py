@@ -74,6 +74,10 @@ class HopperConfig:
   the K blocks are cut into this many equal ranges, each its own tile of work
   writing a float32 partial output; a fused XLA reduction sums them (and adds
   beta * c). For small M, where the output tiles alone leave SMs idle.
+  k_step: K blocks per pipeline step (one SMEM slot holds k_step 128-deep
+  blocks of A and B): fewer barrier waits and per-step bookkeeping between a
+  warpgroup's last promotion of one step and its first WGMMA of the next, and
+  the scales of a whole step load one step ahead.
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -89,6 +93,7 @@ class HopperConfig:
   consumers: int = 2
   producer_registers: int = 40
   split_k: int = 1
+  k_step: int = 1
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -132,6 +137,8 @@ class HopperConfig:
       raise ValueError("stages and group must be >= 1")
     if self.split_k < 1 or (self.split_k > 1 and self.cluster_m > 1):
       raise ValueError(f"split_k must be >= 1, and 1 with clusters, got {self.split_k}")
+    if self.k_step not in (1, 2):
+      raise ValueError(f"k_step must be 1 or 2, got {self.k_step}")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
       raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
                        f"{self.producer_registers}")
@@ -161,7 +168,7 @@ class HopperConfig:
 
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
     out_dtype, c_dtype = _kernel_dtypes(self, out_dtype, c_dtype)
-    stage = self.tile_m * K_BLOCK + self.tile_n * K_BLOCK
+    stage = (self.tile_m + self.tile_n) * K_BLOCK * self.k_step
     epi = self.consumers * self.out_slots() * CHUNK_M * self.epi_tile_n * np.dtype(out_dtype).itemsize
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
@@ -231,6 +238,17 @@ _SHARED_A_K_BLOCKS = 64
 # 8 stages of 64 x 32 7% faster than 4). Where the ring divides the K blocks, the
 # tiles' pipelines also chain (a ring one deeper to make it divide ran slower).
 _RING_BYTES = 144 * 1024
+# Decode tiles over at least this many K blocks (K >= 1536) take two K blocks
+# per pipeline step, in a ring of the same bytes (half the stages): a warpgroup's
+# step boundary (barrier wait, scale loads, bookkeeping) comes once per two blocks.
+# H100, one process: 64x7168x16384 306 -> 329 TFLOP/s, 128x7168x2048 399 -> 419,
+# 128x24576x1536 504 -> 517, 64x7168x2048 221 -> 227, 64x24576x1536 277 -> 282;
+# a ring of the same depth in blocks with one block per step gained nothing.
+# Shorter K loops lost (128x32768x512 365 -> 342); at large M it was within +-1%.
+# Split-K decode takes them too where they divide a split's blocks (64x2112x7168
+# 182 -> 191, 128x2112x7168 332 -> 349, 64x4096x7168 236 -> 246, 128x4096x7168
+# 415 -> 439).
+_K_STEP_MIN_BLOCKS = 12
 
 
 # Registers the producer warpgroup keeps where a consumer carries two chunks
@@ -306,7 +324,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     (waves x cost per tile, less for tiles whose pipelines chain), down to
     64 x 32 tiles so that narrow N still feeds every SM. A 128-row tile is
     never used for M <= 64; one wave of them over a long K shares A in
-    clusters of 2.
+    clusters of 2. K >= 1536 (and split-K): two K blocks per pipeline step.
   - larger M: among 128 x 256, 128 x 128, 192 x 128 and 64 x 128 tiles, the
     one with the best (wave efficiency x padding efficiency x per-tile
     efficiency): the last wave of a persistent grid that is mostly empty costs
@@ -317,10 +335,13 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   """
   num_sms = _num_sms()
   decode_split = _decode_split_k(m, n, k, num_sms)
+  k_blocks = pl.cdiv(k, K_BLOCK)
   if decode_split is not None:
     cfg = _with_epilogue(decode_split, out_dtype, k, c_dtype)
-    return _fit_stages(cfg, out_dtype, c_dtype,
-                       max_stages=_ring_stages(cfg.tile_m, cfg.tile_n))
+    max_stages = _ring_stages(cfg.tile_m, cfg.tile_n)
+    if (k_blocks // cfg.split_k) % 2 == 0:
+      cfg, max_stages = dataclasses.replace(cfg, k_step=2), max(2, max_stages // 2)
+    return _fit_stages(cfg, out_dtype, c_dtype, max_stages=max_stages)
   if m <= 128:
     def cost(t):
       tm, tn, split, weight = t
@@ -333,12 +354,18 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       return (pl.cdiv(tiles, num_sms) * weight * (tn + fixed), -tm * tn)
     tiles = [t for t in _SMALL_M_TILES if t[0] <= max(64, m)]
     tm, tn, split, _ = min(tiles, key=cost)
+    max_stages = _ring_stages(tm, tn)
     # One wave of 128-row tiles over a long K: every CTA reads all of A, so
     # pairs of CTAs share it by multicast.
-    shared_a = (tm == 128 and pl.cdiv(k, K_BLOCK) >= _SHARED_A_K_BLOCKS
+    shared_a = (tm == 128 and k_blocks >= _SHARED_A_K_BLOCKS
                 and pl.cdiv(n, tn) <= num_sms)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m",
                        cluster_n=2 if shared_a else 1)
+    if k_blocks >= _K_STEP_MIN_BLOCKS:
+      # One stage more where a single wave of CTAs pairs up over a long K
+      # (128x7168x16384: 611 TFLOP/s at 3 stages of 2 blocks, 643 at 4).
+      cfg = dataclasses.replace(cfg, k_step=2)
+      max_stages = max(2, max_stages // 2 + (1 if shared_a else 0))
   else:
     def score(t):
       tm, tn, _, _, eff = t
@@ -346,7 +373,6 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       padding = m / (pl.cdiv(m, tm) * tm) * n / (pl.cdiv(n, tn) * tn)
       return eff * padding * tiles / (pl.cdiv(tiles, num_sms) * num_sms)
     order = "n" if m >= 1024 else "m"
-    k_blocks = pl.cdiv(k, K_BLOCK)
     tm, tn, split, consumers = _SHORT_K_TILE
     if 2 <= k_blocks <= _CHAIN_K_BLOCKS and m / (pl.cdiv(m, tm) * tm) >= 0.95:
       chained = _with_epilogue(HopperConfig(tile_m=tm, tile_n=tn, wg_split=split,
@@ -356,22 +382,23 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       if chains_tiles(chained, m, n, k):
         return chained
     tm, tn, split, consumers, _ = max(_LARGE_M_TILES, key=score)
+    max_stages = _ring_stages(tm, tn)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order,
                        consumers=consumers)
   cfg = _with_epilogue(cfg, out_dtype, k, c_dtype)
   cfg = _with_registers(cfg)
-  if m > 128 and (tm, tn) == (128, 256) and pl.cdiv(k, K_BLOCK) >= _LONG_K_BLOCKS:
+  if m > 128 and (tm, tn) == (128, 256) and k_blocks >= _LONG_K_BLOCKS:
     deep = _fit_stages(cfg, out_dtype, c_dtype, max_stages=_LONG_K_STAGES)
     if deep.stages == _LONG_K_STAGES and chains_tiles(deep, m, n, k):
       return deep
-  return _fit_stages(cfg, out_dtype, c_dtype, max_stages=_ring_stages(tm, tn))
+  return _fit_stages(cfg, out_dtype, c_dtype, max_stages=max_stages)
 
 
 def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                       c_dtype=None) -> list[HopperConfig]:
   """The configs autotuning times for a shape: the heuristic's first, then the
   tile shapes, warpgroup splits, ring depths, tile orders, clusters and (small
-  M, long K) K splits worth trying there."""
+  M, long K) K splits and two-block steps worth trying there."""
   k_blocks = pl.cdiv(k, K_BLOCK)
   splits = (1,)
   if m <= 128:
@@ -402,6 +429,12 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
         staged = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages)
         if staged not in out:
           out.append(staged)
+      # Two K blocks per step in a ring of the same bytes (small M, K >= 1536).
+      if m <= 128 and k_blocks >= _K_STEP_MIN_BLOCKS and (k_blocks // split_k) % 2 == 0:
+        stepped = _fit_stages(dataclasses.replace(cfg, k_step=2), out_dtype, c_dtype,
+                              max_stages=max(2, ring // 2))
+        if stepped not in out:
+          out.append(stepped)
   return out
 
 
@@ -476,17 +509,24 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
   out_dtype = out_gmem.dtype
 
   op_transforms = tiled(a_gmem.dtype, K_BLOCK)  # 128 fp8 = 128 B: swizzle 128
+  k_step = cfg.k_step
+  step_k = K_BLOCK * k_step  # K columns of one pipeline step
+  # A last step past K reads zeros (TMA bounds); its blocks promote with scale 0.
+  k_steps = pl.cdiv(k_blocks, k_step)
 
   def make_pipeline(body, compute_context, state=None, k0=0):
-    """The tile's K loop over blocks k0 .. k0 + k_blocks - 1."""
+    """The tile's K loop over blocks k0 .. k0 + k_blocks - 1, k_step per step
+    (k0 is a multiple of k_step: with K splits, k_step divides a split's blocks)."""
     return plgpu.emit_pipeline_warp_specialized(
         body,
-        grid=(k_blocks,),
+        grid=(k_steps,),
         memory_registers=cfg.producer_registers,
         in_specs=[
-            plgpu.BlockSpec((tile_m, K_BLOCK), lambda kb: (0, k0 + kb), transforms=op_transforms,
+            plgpu.BlockSpec((tile_m, step_k), lambda ks: (0, k0 // k_step + ks),
+                            transforms=op_transforms,
                             collective_axes=("cluster",) if cl_n > 1 else ()),
-            plgpu.BlockSpec((tile_n, K_BLOCK), lambda kb: (0, k0 + kb), transforms=op_transforms,
+            plgpu.BlockSpec((tile_n, step_k), lambda ks: (0, k0 // k_step + ks),
+                            transforms=op_transforms,
                             collective_axes=("cluster",) if cl_m > 1 else ()),
         ],
         wg_axis="wg",
@@ -543,7 +583,11 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
 
       def k_block_scales(kb):
         """(a_scale of each chunk row offset (one value per row), b_scale of each
-        chunk column offset) for K block kb; for one chunk ((their product,), ())."""
+        chunk column offset) for K block kb; for one chunk ((their product,), ()).
+        A block past the tile's K range (the zeros of a partial last step)
+        gets b_scale 0, and reads the last block's scales."""
+        valid = kb < k0 + k_blocks
+        kb = jnp.minimum(kb, k0 + k_blocks - 1)
         row_scales = []
         for r in chunk_rows:
           # The A-scale rows are padded to whole chunks only: a chunk wholly past
@@ -553,6 +597,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
                                        layout=plgpu.Layout.WGMMA.reduce(1), optimized=False))
         col_scales = [bs_gmem[jnp.minimum((n0 + wc + c) // SCALE_N, n_scale_blocks - 1), kb]
                       for c in chunk_cols]
+        if k_blocks % k_step:
+          col_scales = [jnp.where(valid, s, 0.0) for s in col_scales]
         if len(chunks) == 1:
           return (row_scales[0] * col_scales[0],), ()
         return tuple(row_scales), tuple(col_scales)
@@ -564,27 +610,40 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
           return row_scales[0]
         return row_scales[chunk_rows.index(r)] * col_scales[chunk_cols.index(c)]
 
+      def step_scales(ks):
+        """k_block_scales of the K blocks of step ks."""
+        return tuple(k_block_scales(k0 + ks * k_step + j) for j in range(k_step))
+
       def body(idx, a_smem, b_smem, carry):
-        (kb,) = idx
+        (ks,) = idx
         acc, scales = carry
+        next_step = k0 + jnp.minimum(ks + 1, k_steps - 1) * k_step
         # Issued now, used in the next step: the loads overlap this step's WGMMAs.
-        next_scales = k_block_scales(k0 + jnp.minimum(kb + 1, k_blocks - 1))
-        new_acc = []
-        for (r, c), acc_c in zip(chunks, acc):
-          rows, cols = wr + r, wc + c
+        # With several blocks per step, block j's are issued after block j - 1's
+        # promotion (its scales are dead by then): no more live registers than one block's.
+        next_scales = [k_block_scales(next_step)] if k_step == 1 else []
+        for j in range(k_step):
+          if j > 0:
+            next_scales.append(k_block_scales(next_step + j - 1))
+          new_acc = []
+          for (r, c), acc_c in zip(chunks, acc):
+            rows, cols, kcols = wr + r, wc + c, pl.ds(j * K_BLOCK, K_BLOCK)
 
-          def mma(block_ref, rows=rows, cols=cols):
-            plgpu.wgmma(block_ref, a_smem.at[pl.ds(rows, cm)],
-                        b_smem.at[pl.ds(cols, cn)].T)
-            return block_ref[...]
+            def mma(block_ref, rows=rows, cols=cols, kcols=kcols):
+              plgpu.wgmma(block_ref, a_smem.at[pl.ds(rows, cm), kcols],
+                          b_smem.at[pl.ds(cols, cn), kcols].T)
+              return block_ref[...]
 
-          block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
-          s = chunk_scale(scales, r, c)
-          # promote: the f32 sum over K blocks runs outside the tensor cores.
-          new_acc.append(acc_c + block * lax.broadcast_in_dim(s, block.shape, [0]))
+            block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+            s = chunk_scale(scales[j], r, c)
+            # promote: the f32 sum over K blocks runs outside the tensor cores.
+            new_acc.append(acc_c + block * lax.broadcast_in_dim(s, block.shape, [0]))
+          acc = tuple(new_acc)
+        if k_step > 1:
+          next_scales.append(k_block_scales(next_step + k_step - 1))
         # Only WGMMA (the async proxy) read this slot, so releasing it to the
         # producer's TMA needs no proxy fence.
-        return tuple(new_acc), next_scales
+        return acc, tuple(next_scales)
 
       # The epilogue's pieces, one (64, epi_tile_n) store each, chunk by chunk:
       # (chunk index, column offset inside the chunk).
@@ -607,7 +666,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
         if c_gmem is not None:
           load_c(0)  # c's first piece arrives while the K loop runs
         zero = plgpu.layout_cast(jnp.zeros((cm, cn), jnp.float32), plgpu.Layout.WGMMA)
-        acc, _ = run_pipeline((tuple(zero for _ in chunks), k_block_scales(k0)))
+        acc, _ = run_pipeline((tuple(zero for _ in chunks), step_scales(0)))
         # Epilogue: (+ beta * c), cast, SMEM, TMA store; stores are double-buffered,
         # and c piece i + 1 loads while piece i is computed.
         for i, (ci, e) in enumerate(pieces):
@@ -661,7 +720,7 @@ def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int) -> bool:
   tiles (the first starts the chain, the last stops it) and the ring must wrap
   exactly at a tile's end."""
   return (cfg.chain_tiles and _cluster_tiles(cfg, m, n) >= 2 * _grid_size(cfg, m, n)
-          and pl.cdiv(k, K_BLOCK) // cfg.split_k % cfg.stages == 0)
+          and pl.cdiv(pl.cdiv(k, K_BLOCK) // cfg.split_k, cfg.k_step) % cfg.stages == 0)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
@@ -681,6 +740,9 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   split_k = cfg.split_k
   if k_blocks % split_k:
     raise ValueError(f"split_k={split_k} must divide the {k_blocks} K blocks of K={k}")
+  if split_k > 1 and (k_blocks // split_k) % cfg.k_step:
+    raise ValueError(f"k_step={cfg.k_step} must divide each split's {k_blocks // split_k} "
+                     f"K blocks (K={k}, split_k={split_k})")
   kernel_dtype, _ = _kernel_dtypes(cfg, out_dtype, None)
   c_in = c
   if split_k > 1:

@@ -95,6 +95,15 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     # split-K: a partial last K block in the last split; c added in the reduction
     (70, 200, 500, SPLIT_K, True, BF16, 0.5, jnp.bfloat16),
     (7, 100, 488, dataclasses.replace(NARROW, split_k=4), False, F32, 1.0, None),
+    # two K blocks per pipeline step: 7 blocks (the last partial), so the last
+    # step's second block lies past K; two chunks per warpgroup (scales per row/column)
+    (136, 264, 850, dataclasses.replace(DEFAULT_LARGE, stages=2, k_step=2), True, F32, 0.5,
+     jnp.float32),
+    # chained: 4 K blocks = 2 steps on a 2-deep ring, 8 tiles on 2 CTAs
+    (200, 150, 512, dataclasses.replace(CHAIN, k_step=2), False, BF16, 1.0, None),
+    # with split-K: each split's 4 blocks in 2 steps (the last block partial); c in
+    # the reduction
+    (70, 200, 1000, dataclasses.replace(SPLIT_K, k_step=2), True, F32, 0.5, jnp.float32),
 ])
 def test_kernel_interpret(m, n, k, cfg, with_c, out_dtype, beta, c_dtype):
   _run_kernel(m, n, k, cfg, with_c=with_c, out_dtype=out_dtype, beta=beta,
@@ -198,6 +207,18 @@ def test_default_config_heuristic():
                            (128, 4096, 7168, 2), (1, 2112, 4096, 4)):
     cfg = hopper.default_config(m, n, k)
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (max(64, m), 64, split_k), (m, n, k, cfg)
+  # Decode K loops of >= 12 blocks (and split-K ones) take two blocks per step, in a
+  # ring of the same bytes; shorter ones and large M one.
+  for m, n, k in ((64, 7168, 2048), (128, 24576, 1536), (128, 7168, 16384), (64, 2112, 7168),
+                  (128, 4096, 7168)):
+    cfg = hopper.default_config(m, n, k)
+    assert cfg.k_step == 2, (m, n, k, cfg)
+  for m, n, k in ((128, 32768, 512), (64, 2112, 1024), (4096, 7168, 16384), (4096, 2112, 7168)):
+    assert hopper.default_config(m, n, k).k_step == 1, (m, n, k)
+  assert hopper.default_config(64, 7168, 2048).stages == 4  # 8 one-block stages of 64 x 64
+  # 128x24576x1536 still chains (6 steps of 2 blocks on a 3-deep ring).
+  assert hopper.chains_tiles(mid, 128, 24576, 1536)
+  assert any(c.k_step == 2 for c in hopper.candidate_configs(128, 7168, 2048))
   # One wave of 128-row tiles over a long K: pairs of CTAs share A.
   assert hopper.default_config(128, 7168, 16384).cluster_n == 2
   for m, n, k in ((128, 24576, 1536), (128, 7168, 2048), (128, 4096, 7168), (64, 7168, 16384)):
@@ -240,6 +261,8 @@ def test_config_validation():
     hopper.HopperConfig(tile_m=128, wg_split="m", consumers=3).check()
   with pytest.raises(ValueError, match="not both"):
     hopper.HopperConfig(cluster_m=2, cluster_n=2).check()
+  with pytest.raises(ValueError, match="k_step"):
+    hopper.HopperConfig(k_step=3).check()
   # Registers past the 168 per thread a 3-warpgroup CTA launches with would make
   # the consumers' setmaxnreg.inc wait forever (it hung on the H100).
   with pytest.raises(ValueError, match="hang"):
@@ -259,6 +282,11 @@ def test_split_k_must_divide_the_k_blocks():
                              config=dataclasses.replace(CHAIN, split_k=2))
   with pytest.raises(ValueError, match="split_k"):
     dataclasses.replace(CHAIN, split_k=2, cluster_m=2).check()
+  # Two-block steps must not straddle two splits (6 blocks: 3 per split).
+  ops = testing.random_operands(0, 64, 64, 768)
+  with pytest.raises(ValueError, match="k_step=2 must divide each split's 3 K blocks"):
+    hopper.blockwise_fp8_dot(*ops.args()[:4], None, beta=1.0, out_dtype=BF16,
+                             config=dataclasses.replace(CHAIN, split_k=2, k_step=2))
 
 
 def test_unsupported_reason():
@@ -325,7 +353,9 @@ def test_gpu_deepseek_shapes(m, n, k):
 @requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (7, 7000, 1000), (4097, 2112, 7168),
                                    (4097, 7000, 1000), (300, 7000, 7168), (64, 7168, 2048),
-                                   (100, 4096, 7168)])  # M=1, 100: split-K
+                                   (100, 4096, 7168), (100, 7000, 1600)])
+# M=1, 100 at K=7168: split-K; 100x7000x1600: 13 K blocks in steps of 2 (the last
+# step's second block past K)
 @pytest.mark.parametrize("out_dtype,with_c", [(BF16, False), (F32, True), (BF16, True)])
 def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
   _gpu_check(m, n, k, out_dtype, with_c)
