@@ -6,7 +6,7 @@ Structure (one CTA per SM, persistent):
 - two (or three) consumer warpgroups (WGMMA + promotion + epilogue) and one TMA
   producer (`plgpu.emit_pipeline_warp_specialized`), which streams per K block
   the A tile (tile_m, 128) and the B tile (tile_n, 128) into an SMEM ring of
-  `stages` slots;
+  `stages` slots (decode: two K blocks per slot and pipeline step, `k_step`);
 - the CTA walks output tiles in a grouped ("planar snake") order, so
   consecutive tiles of the 132 CTAs share A rows / B columns in L2; where the
   ring divides the K blocks, the per-tile pipelines are chained, so the
