@@ -251,6 +251,12 @@ _RING_BYTES = 144 * 1024
 _K_STEP_MIN_BLOCKS = 12
 
 
+def _two_block_steps(cfg: HopperConfig, ring_stages: int, extra: int = 0):
+  """(cfg with two K blocks per step, its ring depth): the bytes of ring_stages
+  one-block stages (+ extra stages)."""
+  return dataclasses.replace(cfg, k_step=2), max(2, ring_stages // 2 + extra)
+
+
 # Registers the producer warpgroup keeps where a consumer carries two chunks
 # (128 x 256): ptxas's allocation of the K loop is erratic in the consumers'
 # budget (4096x7168x16384 spills 40 B at 232, none at 216, 56 B at 208); 72
@@ -340,7 +346,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     cfg = _with_epilogue(decode_split, out_dtype, k, c_dtype)
     max_stages = _ring_stages(cfg.tile_m, cfg.tile_n)
     if (k_blocks // cfg.split_k) % 2 == 0:
-      cfg, max_stages = dataclasses.replace(cfg, k_step=2), max(2, max_stages // 2)
+      cfg, max_stages = _two_block_steps(cfg, max_stages)
     return _fit_stages(cfg, out_dtype, c_dtype, max_stages=max_stages)
   if m <= 128:
     def cost(t):
@@ -364,8 +370,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     if k_blocks >= _K_STEP_MIN_BLOCKS:
       # One stage more where a single wave of CTAs pairs up over a long K
       # (128x7168x16384: 611 TFLOP/s at 3 stages of 2 blocks, 643 at 4).
-      cfg = dataclasses.replace(cfg, k_step=2)
-      max_stages = max(2, max_stages // 2 + (1 if shared_a else 0))
+      cfg, max_stages = _two_block_steps(cfg, max_stages, extra=1 if shared_a else 0)
   else:
     def score(t):
       tm, tn, _, _, eff = t
@@ -431,8 +436,8 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
           out.append(staged)
       # Two K blocks per step in a ring of the same bytes (small M, K >= 1536).
       if m <= 128 and k_blocks >= _K_STEP_MIN_BLOCKS and (k_blocks // split_k) % 2 == 0:
-        stepped = _fit_stages(dataclasses.replace(cfg, k_step=2), out_dtype, c_dtype,
-                              max_stages=max(2, ring // 2))
+        stepped, stages = _two_block_steps(cfg, ring)
+        stepped = _fit_stages(stepped, out_dtype, c_dtype, max_stages=stages)
         if stepped not in out:
           out.append(stepped)
   return out
