@@ -207,11 +207,19 @@ _LARGE_M_TILES = ((128, 256, "n", 2, 1.0), (128, 128, "m", 2, 0.93),
 # unchained 128 x 256 and 921 for chained 128 x 128).
 _CHAIN_K_BLOCKS = 4
 _SHORT_K_TILE = (192, 128, "m", 3)  # tile_m, tile_n, wg_split, consumers
-# Small-M (decode) candidates and their time per tile in units of "columns": the
-# problem is bandwidth-bound, a tile costs its width plus a fixed part (its A
-# tile, the epilogue) worth ~32 columns; a 128-row tile ~1.6x a 64-row one.
-_SMALL_M_TILES = ((64, 32, "n", 1.0), (64, 64, "n", 1.0), (64, 128, "n", 1.0),
-                  (64, 256, "n", 1.0), (128, 64, "m", 1.6), (128, 256, "n", 1.6))
+# Small-M (decode) candidates (tile_m, tile_n, wg_split, consumers) and their time
+# per tile in units of "columns": the problem is bandwidth-bound, a tile costs its
+# width plus a fixed part (its A tile, the epilogue) worth ~32 columns; a 128-row
+# tile ~1.6x a 64-row one. 64 x 192 (three warpgroups of 64 columns, each within
+# one b_scale block) gives one wave of 128 CTAs where N=24576 has 96 tiles of 256
+# (H100, 64x24576x1536: 283 -> 288-291 TFLOP/s, 1.08x -> 1.10-1.12x cuBLAS, four
+# runs; 64x24576x7168 342 -> 357, 64x18432x1536 262 -> 273, 64x36864x512 178 -> 195,
+# 128x12288x1536 406 -> 430, 128x12288x7168 509 -> 599). For M > 64 only in one wave:
+# two 64-row tiles per B tile over several waves lost (128x24576x512 334 -> 302,
+# 100x24576x7168 464 -> 459).
+_SMALL_M_TILES = ((64, 32, "n", 2, 1.0), (64, 64, "n", 2, 1.0), (64, 128, "n", 2, 1.0),
+                  (64, 192, "n", 3, 1.0), (64, 256, "n", 2, 1.0), (128, 64, "m", 2, 1.6),
+                  (128, 256, "n", 2, 1.6))
 # Long K loops (>= 64 K blocks) on 128 x 256 tiles: a 4-deep ring where it
 # divides the K blocks, so that the tiles' pipelines chain (H100:
 # 4096x7168x16384 1226 -> 1300 TFLOP/s, 4096x7168x8192 1214 -> 1278,
@@ -328,7 +336,8 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     give every SM a 64-column tile, split-K (_decode_split_k). Else the tiling
     that finishes soonest when the tiles are spread over the SMs in waves
     (waves x cost per tile, less for tiles whose pipelines chain), down to
-    64 x 32 tiles so that narrow N still feeds every SM. A 128-row tile is
+    64 x 32 tiles so that narrow N still feeds every SM (and 64 x 192 tiles of
+    three consumer warpgroups between 128 and 256). A 128-row tile is
     never used for M <= 64; one wave of them over a long K shares A in
     clusters of 2. K >= 1536 (and split-K): two K blocks per pipeline step.
   - larger M: among 128 x 256, 128 x 128, 192 x 128 and 64 x 128 tiles, the
@@ -350,23 +359,25 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     return _fit_stages(cfg, out_dtype, c_dtype, max_stages=max_stages)
   if m <= 128:
     def cost(t):
-      tm, tn, split, weight = t
+      tm, tn, split, consumers, weight = t
       tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
       # A chained tile's fixed part is about half: the next tile's loads run
       # under its epilogue (H100, 128x24576x1536: chained 128 x 64 tiles 506
       # TFLOP/s, unchained 128 x 256 457, which this model otherwise ties).
-      ring = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, stages=_ring_stages(tm, tn))
+      ring = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
+                          stages=_ring_stages(tm, tn))
       fixed = 16 if chains_tiles(ring, m, n, k) else 32
       return (pl.cdiv(tiles, num_sms) * weight * (tn + fixed), -tm * tn)
-    tiles = [t for t in _SMALL_M_TILES if t[0] <= max(64, m)]
-    tm, tn, split, _ = min(tiles, key=cost)
+    tiles = [t for t in _SMALL_M_TILES if t[0] <= max(64, m) and not (
+        t[3] == 3 and m > 64 and pl.cdiv(m, t[0]) * pl.cdiv(n, t[1]) > num_sms)]
+    tm, tn, split, consumers, _ = min(tiles, key=cost)
     max_stages = _ring_stages(tm, tn)
     # One wave of 128-row tiles over a long K: every CTA reads all of A, so
     # pairs of CTAs share it by multicast.
     shared_a = (tm == 128 and k_blocks >= _SHARED_A_K_BLOCKS
                 and pl.cdiv(n, tn) <= num_sms)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m",
-                       cluster_n=2 if shared_a else 1)
+                       consumers=consumers, cluster_n=2 if shared_a else 1)
     if k_blocks >= _K_STEP_MIN_BLOCKS:
       # One stage more where a single wave of CTAs pairs up over a long K
       # (128x7168x16384: 611 TFLOP/s at 3 stages of 2 blocks, 643 at 4).
@@ -407,7 +418,8 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   k_blocks = pl.cdiv(k, K_BLOCK)
   splits = (1,)
   if m <= 128:
-    tiles = [(64, 32, "n", 2), (64, 64, "n", 2), (64, 128, "n", 2), (64, 256, "n", 2)]
+    tiles = [(64, 32, "n", 2), (64, 64, "n", 2), (64, 128, "n", 2), (64, 192, "n", 3),
+             (64, 256, "n", 2)]
     if m > 64:
       tiles += [(128, 64, "m", 2), (128, 128, "m", 2), (128, 256, "n", 2)]
     orders, clusters = ("m",), (1,)

@@ -43,6 +43,10 @@ THREE_WG = hopper.HopperConfig(tile_m=192, tile_n=128, wg_split="m", consumers=3
 # epilogue stores; 3 CTAs over 4 N tiles.
 NARROW = hopper.HopperConfig(tile_m=64, tile_n=32, wg_split="n", stages=3, num_sms=3,
                              epi_tile_n=16, grid_minor="m")
+# Three consumer warpgroups side by side (the wide decode tile): 64 x 192, each 64
+# columns; a 192-column tile straddles 128-column b_scale blocks, its warpgroups do not.
+WIDE_3 = hopper.HopperConfig(tile_m=64, tile_n=192, wg_split="n", consumers=3, stages=2,
+                             num_sms=2, grid_minor="m")
 # Split-K: two K ranges per output tile, each writing float32 partials; 16 units
 # of work on 3 CTAs, chained (2 stages divide each split's 2 K blocks).
 SPLIT_K = dataclasses.replace(CHAIN, num_sms=3, split_k=2)
@@ -104,6 +108,9 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     # with split-K: each split's 4 blocks in 2 steps (the last block partial); c in
     # the reduction
     (70, 200, 1000, dataclasses.replace(SPLIT_K, k_step=2), True, F32, 0.5, jnp.float32),
+    # 64 x 192 tiles: 2 x 3 tiles (N partial), c; two-block steps past K, bf16 c
+    (70, 400, 300, WIDE_3, True, F32, 0.5, jnp.float32),
+    (7, 450, 850, dataclasses.replace(WIDE_3, k_step=2), True, BF16, -1.0, jnp.bfloat16),
 ])
 def test_kernel_interpret(m, n, k, cfg, with_c, out_dtype, beta, c_dtype):
   _run_kernel(m, n, k, cfg, with_c=with_c, out_dtype=out_dtype, beta=beta,
@@ -196,6 +203,13 @@ def test_default_config_heuristic():
   # 6-deep ring dividing the 12 K blocks) over one wave of unchained 128 x 256.
   mid = hopper.default_config(128, 24576, 1536)
   assert (mid.tile_m, mid.tile_n) == (128, 64) and hopper.chains_tiles(mid, 128, 24576, 1536)
+  # One wave of 64 x 192 tiles (three consumers) where 256-wide tiles leave a quarter
+  # of the SMs idle; for M > 64 not over several waves (two 64-row tiles per B tile).
+  wide = hopper.default_config(64, 24576, 1536)
+  assert (wide.tile_m, wide.tile_n, wide.consumers, wide.k_step) == (64, 192, 3, 2)
+  assert hopper.default_config(128, 12288, 1536).consumers == 3
+  assert hopper.default_config(128, 24576, 512).consumers == 2
+  assert any(c.consumers == 3 for c in hopper.candidate_configs(64, 24576, 1536))
   # Narrow N at small M: tiles (x K splits) enough to give most of the 132 SMs work.
   for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168),
                   (64, 2112, 2048), (128, 7168, 16384)):
@@ -227,7 +241,8 @@ def test_default_config_heuristic():
   for m, n, k in ((128, 7168, 16384), (64, 2112, 2048), (64, 24576, 1536), (256, 2112, 7168)):
     assert hopper.default_config(m, n, k).split_k == 1, (m, n, k)
   for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168),
-                  (4097, 7000, 1000), (4096, 32768, 512), (64, 32768, 512)):
+                  (4097, 7000, 1000), (4096, 32768, 512), (64, 32768, 512), (64, 24576, 1536),
+                  (7, 18432, 512)):
     for out_dtype in (BF16, F32):
       for c_dtype in (None, jnp.float32):
         cfg = hopper.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
