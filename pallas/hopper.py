@@ -368,9 +368,14 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                           stages=_ring_stages(tm, tn))
       fixed = 16 if chains_tiles(ring, m, n, k) else 32
       return (pl.cdiv(tiles, num_sms) * weight * (tn + fixed), -tm * tn)
-    tiles = [t for t in _SMALL_M_TILES if t[0] <= max(64, m) and not (
-        t[3] == 3 and m > 64 and pl.cdiv(m, t[0]) * pl.cdiv(n, t[1]) > num_sms)]
-    tm, tn, split, consumers, _ = min(tiles, key=cost)
+    def allowed(t):
+      tm, tn, _, consumers, _ = t
+      if tm > max(64, m):
+        return False
+      # Three-consumer 64-row tiles for M > 64 only in one wave (see _SMALL_M_TILES).
+      return not (consumers == 3 and m > 64 and pl.cdiv(m, tm) * pl.cdiv(n, tn) > num_sms)
+
+    tm, tn, split, consumers, _ = min(filter(allowed, _SMALL_M_TILES), key=cost)
     max_stages = _ring_stages(tm, tn)
     # One wave of 128-row tiles over a long K: every CTA reads all of A, so
     # pairs of CTAs share it by multicast.
