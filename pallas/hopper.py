@@ -423,10 +423,11 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   k_blocks = pl.cdiv(k, K_BLOCK)
   splits = (1,)
   if m <= 128:
-    tiles = [(64, 32, "n", 2), (64, 64, "n", 2), (64, 128, "n", 2), (64, 192, "n", 3),
-             (64, 256, "n", 2)]
+    # The heuristic's decode tiles (128-row ones where M > 64), and 128 x 128
+    # (never its pick, worth timing).
+    tiles = [t[:4] for t in _SMALL_M_TILES if t[0] == 64 or m > 64]
     if m > 64:
-      tiles += [(128, 64, "m", 2), (128, 128, "m", 2), (128, 256, "n", 2)]
+      tiles = sorted(tiles + [(128, 128, "m", 2)])
     orders, clusters = ("m",), (1,)
     if k_blocks >= _SPLIT_K_MIN_BLOCKS:
       splits += tuple(s for s in (2, 4) if k_blocks % s == 0)
