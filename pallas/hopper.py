@@ -78,6 +78,10 @@ class HopperConfig:
   blocks of A and B): fewer barrier waits and per-step bookkeeping between a
   warpgroup's last promotion of one step and its first WGMMA of the next, and
   the scales of a whole step load one step ahead.
+  scale_product: a warpgroup of one chunk forms a_scale * b_scale when the
+  scales load and carries the product (the default; H100: 6% faster for the
+  chained short-K tiles at M=4096); False: it carries both and multiplies at
+  promotion, off the step's tail (decode: +1-3%, see _SEPARATE_SCALES_MAX_M).
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -94,6 +98,7 @@ class HopperConfig:
   producer_registers: int = 40
   split_k: int = 1
   k_step: int = 1
+  scale_product: bool = True
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -257,6 +262,16 @@ _RING_BYTES = 144 * 1024
 # 182 -> 191, 128x2112x7168 332 -> 349, 64x4096x7168 236 -> 246, 128x4096x7168
 # 415 -> 439).
 _K_STEP_MIN_BLOCKS = 12
+# Up to this M (decode, split-K decode) one-chunk warpgroups carry a_scale and
+# b_scale separately and multiply at promotion (HopperConfig.scale_product=False):
+# the product's FMUL otherwise sits at the end of every step, waiting for the
+# scale loads issued during the step's last WGMMA. H100, two runs in one process
+# each: 64x7168x16384 333 -> 338-339 TFLOP/s, 128x7168x16384 640 -> 649-650,
+# 64x7168x2048 227-229 -> 233-234, 128x7168x2048 418-421 -> 421-422,
+# 128x4096x7168 439-445 -> 445-447, 64x24576x1536 289-290 -> 291-292. The chained
+# short-K tiles at M=4096 keep the product (4096x32768x512 1000-1011 -> 952-964).
+# Loading the scales 2-4 steps ahead instead gained nothing more at decode.
+_SEPARATE_SCALES_MAX_M = 128
 
 
 def _two_block_steps(cfg: HopperConfig, ring_stages: int, extra: int = 0):
@@ -305,7 +320,8 @@ def _decode_split_k(m: int, n: int, k: int, num_sms: int) -> HopperConfig | None
   for split_k in (4, 2):
     if k_blocks % split_k == 0 and tiles * split_k <= num_sms:
       return HopperConfig(tile_m=tile_m, tile_n=_SPLIT_K_TILE_N, wg_split=split,
-                          grid_minor="m", split_k=split_k)
+                          grid_minor="m", split_k=split_k,
+                          scale_product=m > _SEPARATE_SCALES_MAX_M)
   return None
 
 
@@ -340,6 +356,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     three consumer warpgroups between 128 and 256). A 128-row tile is
     never used for M <= 64; one wave of them over a long K shares A in
     clusters of 2. K >= 1536 (and split-K): two K blocks per pipeline step.
+    One-chunk warpgroups multiply their scales at promotion (scale_product).
   - larger M: among 128 x 256, 128 x 128, 192 x 128 and 64 x 128 tiles, the
     one with the best (wave efficiency x padding efficiency x per-tile
     efficiency): the last wave of a persistent grid that is mostly empty costs
@@ -382,7 +399,8 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     shared_a = (tm == 128 and k_blocks >= _SHARED_A_K_BLOCKS
                 and pl.cdiv(n, tn) <= num_sms)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m",
-                       consumers=consumers, cluster_n=2 if shared_a else 1)
+                       consumers=consumers, cluster_n=2 if shared_a else 1,
+                       scale_product=m > _SEPARATE_SCALES_MAX_M)
     if k_blocks >= _K_STEP_MIN_BLOCKS:
       # One stage more where a single wave of CTAs pairs up over a long K
       # (128x7168x16384: 611 TFLOP/s at 3 stages of 2 blocks, 643 at 4).
@@ -439,7 +457,8 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   for tm, tn, split, consumers in tiles:
     for order, cl, split_k in itertools.product(orders, clusters, splits):
       cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl,
-                         consumers=consumers, split_k=split_k)
+                         consumers=consumers, split_k=split_k,
+                         scale_product=m > _SEPARATE_SCALES_MAX_M)
       try:
         cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype))
         cfg.check()
@@ -600,7 +619,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
       # A warpgroup's chunks share rows (wg_split "n") or columns ("m"): the
       # scales are loaded once per distinct row offset and column offset and
       # multiplied per chunk at promotion (fewer live registers in the K loop).
-      # A single chunk carries the product instead (H100: 6% faster there).
+      # A single chunk may carry the product instead (cfg.scale_product).
       chunk_rows = sorted({r for r, _ in chunks})
       chunk_cols = sorted({c for _, c in chunks})
 
@@ -622,7 +641,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem, *, cfg: HopperCo
                       for c in chunk_cols]
         if k_blocks % k_step:
           col_scales = [jnp.where(valid, s, 0.0) for s in col_scales]
-        if len(chunks) == 1:
+        if len(chunks) == 1 and cfg.scale_product:
           return (row_scales[0] * col_scales[0],), ()
         return tuple(row_scales), tuple(col_scales)
 

@@ -111,6 +111,14 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     # 64 x 192 tiles: 2 x 3 tiles (N partial), c; two-block steps past K, bf16 c
     (70, 400, 300, WIDE_3, True, F32, 0.5, jnp.float32),
     (7, 450, 850, dataclasses.replace(WIDE_3, k_step=2), True, BF16, -1.0, jnp.bfloat16),
+    # one-chunk warpgroups multiplying the scales at promotion (the decode default):
+    # one- and two-block steps, the last step's second block past K; with split-K
+    (70, 200, 300, dataclasses.replace(NARROW, scale_product=False), True, F32, 0.5,
+     jnp.float32),
+    (7, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2,
+                                      scale_product=False), True, BF16, -1.0, jnp.bfloat16),
+    (70, 100, 1024, dataclasses.replace(NARROW, split_k=2, k_step=2, scale_product=False),
+     False, F32, 1.0, None),
 ])
 def test_kernel_interpret(m, n, k, cfg, with_c, out_dtype, beta, c_dtype):
   _run_kernel(m, n, k, cfg, with_c=with_c, out_dtype=out_dtype, beta=beta,
@@ -233,6 +241,12 @@ def test_default_config_heuristic():
   # 128x24576x1536 still chains (6 steps of 2 blocks on a 3-deep ring).
   assert hopper.chains_tiles(mid, 128, 24576, 1536)
   assert any(c.k_step == 2 for c in hopper.candidate_configs(128, 7168, 2048))
+  # Decode (and split-K decode) multiplies the scales at promotion; the chained
+  # short-K tiles of large M carry their product.
+  for m, n, k in ((64, 7168, 16384), (128, 7168, 2048), (1, 2112, 7168), (128, 4096, 7168)):
+    assert not hopper.default_config(m, n, k).scale_product, (m, n, k)
+    assert not any(c.scale_product for c in hopper.candidate_configs(m, n, k)), (m, n, k)
+  assert hopper.default_config(4096, 32768, 512).scale_product
   # One wave of 128-row tiles over a long K: pairs of CTAs share A.
   assert hopper.default_config(128, 7168, 16384).cluster_n == 2
   for m, n, k in ((128, 24576, 1536), (128, 7168, 2048), (128, 4096, 7168), (64, 7168, 16384)):
