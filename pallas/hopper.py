@@ -437,7 +437,8 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                       c_dtype=None) -> list[HopperConfig]:
   """The configs autotuning times for a shape: the heuristic's first, then the
   tile shapes, warpgroup splits, ring depths, tile orders, clusters and (small
-  M, long K) K splits and two-block steps worth trying there."""
+  M, long K) K splits and two-block steps worth trying there. Clusters pair
+  vertically adjacent tiles only where M has two row tiles to pair."""
   k_blocks = pl.cdiv(k, K_BLOCK)
   splits = (1,)
   if m <= 128:
@@ -446,7 +447,9 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     tiles = [t[:4] for t in _SMALL_M_TILES if t[0] == 64 or m > 64]
     if m > 64:
       tiles = sorted(tiles + [(128, 128, "m", 2)])
-    orders, clusters = ("m",), (1,)
+    # 64 < M: the two 64-row tiles of a column may share B by multicast, an
+    # alternative to splitting K that needs no reduction (not measured yet).
+    orders, clusters = ("m",), (1, 2) if m > 64 else (1,)
     if k_blocks >= _SPLIT_K_MIN_BLOCKS:
       splits += tuple(s for s in (2, 4) if k_blocks % s == 0)
   else:
@@ -456,6 +459,8 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   out = [default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)]
   for tm, tn, split, consumers in tiles:
     for order, cl, split_k in itertools.product(orders, clusters, splits):
+      if cl > 1 and pl.cdiv(m, tm) < 2:
+        continue  # the second CTA of the pair would only run past M
       cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl,
                          consumers=consumers, split_k=split_k,
                          scale_product=m > _SEPARATE_SCALES_MAX_M)

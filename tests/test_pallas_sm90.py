@@ -119,6 +119,11 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
                                       scale_product=False), True, BF16, -1.0, jnp.bfloat16),
     (70, 100, 1024, dataclasses.replace(NARROW, split_k=2, k_step=2, scale_product=False),
      False, F32, 1.0, None),
+    # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
+    # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
+    (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,
+                                        cluster_m=2, scale_product=False), True, BF16, -1.0,
+     jnp.bfloat16),
 ])
 def test_kernel_interpret(m, n, k, cfg, with_c, out_dtype, beta, c_dtype):
   _run_kernel(m, n, k, cfg, with_c=with_c, out_dtype=out_dtype, beta=beta,
@@ -241,6 +246,13 @@ def test_default_config_heuristic():
   # 128x24576x1536 still chains (6 steps of 2 blocks on a 3-deep ring).
   assert hopper.chains_tiles(mid, 128, 24576, 1536)
   assert any(c.k_step == 2 for c in hopper.candidate_configs(128, 7168, 2048))
+  # Autotuning also times pairs of 64-row tiles sharing B (no K split) where M has
+  # two row tiles; no candidate pairs a tile with one wholly past M.
+  assert any(c.cluster_m == 2 and c.tile_m == 64 and c.split_k == 1
+             for c in hopper.candidate_configs(128, 4096, 7168))
+  for m, n, k in ((64, 4096, 7168), (128, 7168, 2048), (200, 7000, 1000), (4096, 7168, 2048)):
+    for c in hopper.candidate_configs(m, n, k):
+      assert c.cluster_m == 1 or pl.cdiv(m, c.tile_m) >= 2, (m, n, k, c)
   # Decode (and split-K decode) multiplies the scales at promotion; the chained
   # short-K tiles of large M carry their product.
   for m, n, k in ((64, 7168, 16384), (128, 7168, 2048), (1, 2112, 7168), (128, 4096, 7168)):
