@@ -2,8 +2,8 @@
 # The GPU run: tests, then the matmul benchmark against its peers, then the
 # quantiser bandwidth. From the repository root on the GPU machine:
 #
-#     bash benchmarks/gpu_suite.sh tests          # one device call (~3-6 min)
-#     bash benchmarks/gpu_suite.sh bench quant    # a second call (~3-5 min)
+#     bash benchmarks/gpu_suite.sh tests          # one device call
+#     bash benchmarks/gpu_suite.sh bench quant    # a second call (~3-4 min)
 #
 # (All parts no longer fit in one device call of 600 s: on the H100 the GPU
 # tests took 335 s serially at 12:00 on 2026-11-23 and the benchmark ~190 s.)
