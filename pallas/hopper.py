@@ -447,18 +447,18 @@ def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     tiles = [t[:4] for t in _SMALL_M_TILES if t[0] == 64 or m > 64]
     if m > 64:
       tiles = sorted(tiles + [(128, 128, "m", 2)])
-    # 64 < M: the two 64-row tiles of a column may share B by multicast, an
-    # alternative to splitting K that needs no reduction (not measured yet).
-    orders, clusters = ("m",), (1, 2) if m > 64 else (1,)
+    # Where 64 < M, the two 64-row tiles of a column may share B by multicast:
+    # an alternative to splitting K that needs no reduction (not measured yet).
+    orders = ("m",)
     if k_blocks >= _SPLIT_K_MIN_BLOCKS:
       splits += tuple(s for s in (2, 4) if k_blocks % s == 0)
   else:
     tiles = [(128, 256, "n", 2), (128, 128, "m", 2), (128, 128, "n", 2), (64, 128, "n", 2),
              (64, 256, "n", 2), (256, 128, "m", 2), (192, 128, "m", 3)]
-    orders, clusters = ("n" if m >= 1024 else "m",), (1, 2)
+    orders = ("n" if m >= 1024 else "m",)
   out = [default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)]
   for tm, tn, split, consumers in tiles:
-    for order, cl, split_k in itertools.product(orders, clusters, splits):
+    for order, cl, split_k in itertools.product(orders, (1, 2), splits):
       if cl > 1 and pl.cdiv(m, tm) < 2:
         continue  # the second CTA of the pair would only run past M
       cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order, cluster_m=cl,
