@@ -92,8 +92,9 @@ EOF
       # Several processes share the GPU: each test compiles on the CPU for most
       # of its time. -v: a line per finished test, so a timeout shows where.
       workers=()
-      if [ "${SUITE_TEST_WORKERS:-4}" -gt 1 ] && "$PY" -c 'import xdist' 2>/dev/null; then
-        workers=(-n "${SUITE_TEST_WORKERS:-4}")
+      n_workers="${SUITE_TEST_WORKERS:-4}"
+      if [ "$n_workers" -gt 1 ] && "$PY" -c 'import xdist' 2>/dev/null; then
+        workers=(-n "$n_workers")
       fi
       # shellcheck disable=SC2086
       PYTHONPATH="$PLUGIN_DIR:$PYTHONPATH" run_part tests "${SUITE_TESTS_TIMEOUT:-540}" \
