@@ -79,6 +79,7 @@ import jax_fp8  # noqa: E402
 from jax_fp8 import backends as jbackends  # noqa: E402
 from jax_fp8 import quantize as jquant  # noqa: E402
 from jax_fp8 import testing  # noqa: E402
+from jax_fp8.pallas import device as jdevice  # noqa: E402
 
 FP8 = jnp.float8_e4m3fn
 F32, BF16 = np.dtype(jnp.float32), np.dtype(jnp.bfloat16)
@@ -224,10 +225,7 @@ def parse_backends(spec: str, on_gpu: bool, interpret: bool) -> tuple:
 # ---- device and environment ------------------------------------------------------
 
 def gpu_device():
-  try:
-    devices = jax.devices("gpu")
-  except RuntimeError:
-    return None
+  devices = jdevice.gpus()
   return devices[0] if devices else None
 
 
@@ -325,7 +323,7 @@ class Contender:
 
 
 def _resolve_pallas(on_gpu: bool) -> str:
-  cc = jbackends.device_compute_capability()  # (9, 0) without a GPU, as lowering assumes
+  cc = jdevice.target_compute_capability()  # (9, 0) without a GPU, as lowering assumes
   name = {9: "pallas_sm90", 10: "pallas_sm100"}.get(cc[0])
   if name is None:
     raise Unavailable(f"no Pallas kernel for compute capability {cc[0]}.{cc[1]} "
@@ -343,11 +341,12 @@ def make_contender(name, m, n, k, opts: Options, on_gpu: bool) -> Contender:
     if backend == "auto":
       platform_ = "cuda" if on_gpu else "cpu"
       try:
-        resolved, _ = jbackends.select(platform_, "auto", m, n, k, out_dtype=od, has_c=False)
+        resolved, _ = jbackends.select(platform_, "auto", m=m, n=n, k=k, out_dtype=od,
+                                       has_c=False)
       except Exception as e:  # noqa: BLE001
         raise Unavailable(f"auto selection failed: {e}") from e
     if backend in PALLAS and opts.interpret and not on_gpu:
-      mod_name = jbackends._KERNEL_MODULES[backend]
+      mod_name = jbackends.BACKENDS[backend].module
       try:
         module = importlib.import_module(mod_name)
       except ImportError as e:

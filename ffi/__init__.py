@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_fp8.pallas import device
+
 SOURCE = pathlib.Path(__file__).with_name("blockwise_fp8.cu")
 TARGET_NAME = "jax_fp8_blockwise_fp8_dot"
 SYMBOL = "JaxFp8BlockwiseFp8Dot"  # the handler exported by the .cu file
@@ -200,13 +202,8 @@ def build_log(library: str) -> str:
 
 def _device_arch() -> str | None:
   """The arch of the first CUDA device, or None without one."""
-  try:
-    devices = jax.devices("gpu")
-  except RuntimeError:
-    return None
-  if not devices or getattr(devices[0], "platform", "") != "gpu":
-    return None
-  return arch_for_compute_capability(str(devices[0].compute_capability))
+  cc = device.compute_capability()
+  return None if cc is None else arch_for_compute_capability(f"{cc[0]}.{cc[1]}")
 
 
 _libraries: list[ctypes.CDLL] = []  # keeps the loaded library alive
@@ -250,12 +247,14 @@ def _load_locked() -> tuple[str | None, str | None]:
 _MAX_DIM = 2**30  # the kernel indexes rows, columns and K with 32-bit ints
 
 
-def unsupported_reason(m: int, n: int, k: int, *, out_dtype, has_c: bool) -> str | None:
+def unsupported_reason(op: str, m: int, n: int, k: int, *, out_dtype, has_c: bool = False,
+                       **problem) -> str | None:
   """None if the FFI kernel can run this call on the attached GPU, else why not.
 
   Builds the kernel on the first call (cached on disk and per process), so a missing nvcc or
   a failed build makes "auto" skip this backend.
   """
+  del op, problem  # the module's ops are what it supports (jax_fp8.backends checks)
   del has_c  # any c works: it is cast to float32 before the call
   if np.dtype(out_dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)):
     return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
@@ -263,13 +262,6 @@ def unsupported_reason(m: int, n: int, k: int, *, out_dtype, has_c: bool) -> str
     return f"M, N and K must be < 2**30, got M={m}, N={n}, K={k}"
   _, reason = _load()
   return reason
-
-
-def _num_sms() -> int:
-  try:
-    return int(getattr(jax.devices("gpu")[0], "core_count", 132))
-  except RuntimeError:
-    return 132
 
 
 def num_splits(m: int, n: int, k: int, num_sms: int, config: Config = CONFIG) -> int:
@@ -328,4 +320,4 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta: float, out_dtype):
   m, k = a.shape
   n = b.shape[0]
   return ffi_call(a, a_scale, b, b_scale, c, beta=beta, out_dtype=np.dtype(out_dtype),
-                  splits=num_splits(m, n, k, _num_sms()))
+                  splits=num_splits(m, n, k, device.num_sms(default=132)))

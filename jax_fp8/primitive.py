@@ -16,6 +16,7 @@ from jax.interpreters import batching, mlir
 
 from jax_fp8 import backends
 from jax_fp8 import sharding
+from jax_fp8.pallas import device
 from jax_fp8.quantize import FP8, num_blocks
 
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
@@ -122,12 +123,12 @@ def _lowering(ctx, *args, beta, out_dtype, backend, has_c, platform):
   if sharding.wants_partitioning(ctx):
     # Several devices: partition like a matmul; each shard lowers back here
     # in a one-device (manual) context, so this does not recurse.
-    return sharding.lower(ctx, *args, beta=beta, out_dtype=out_dtype, backend=backend,
-                          has_c=has_c)
+    return sharding.lower(ctx, blockwise_fp8_dot_p, *args, beta=beta, out_dtype=out_dtype,
+                          backend=backend, has_c=has_c)
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
   *batch, m, k = a_aval.shape
   rows = int(np.prod(batch, dtype=np.int64)) * m
-  _, kernel = backends.select(platform, backend, rows, b_aval.shape[0], k,
+  _, kernel = backends.select(platform, backend, m=rows, n=b_aval.shape[0], k=k,
                               out_dtype=out_dtype, has_c=has_c)
   impl = _folded(kernel, beta=beta, out_dtype=out_dtype)
   return sharding.lower_locally(ctx, impl, *args)
@@ -182,14 +183,14 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
   a, a_scale, b, b_scale = (jnp.asarray(x) if not hasattr(x, "dtype") else x
                             for x in (a, a_scale, b, b_scale))
   validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype, backend=backend)
-  if backend in ("pallas_sm90", "pallas_sm100") and backends.gpu_interpret_mode_active():
+  if backend in backends.PALLAS and device.interpret_mode_active():
     # GPU interpret mode turns a Pallas kernel into ordered io_callbacks, whose
     # effect tokens a primitive's lowering cannot thread (mlir.lower_fun has
     # none for it): call the kernel directly, batch dims folded into M. This
     # is the CPU/CI path of the Pallas kernels; jit and vmap still apply.
     *batch, m, k = a.shape
     rows = int(np.prod(batch, dtype=np.int64)) * m
-    _, kernel = backends.select("cpu", backend, rows, b.shape[0], k,
+    _, kernel = backends.select("cpu", backend, m=rows, n=b.shape[0], k=k,
                                 out_dtype=np.dtype(out_dtype), has_c=c is not None)
     return _folded(kernel, beta=float(beta), out_dtype=np.dtype(out_dtype))(
         a, a_scale, b, b_scale, c)

@@ -81,10 +81,10 @@ def _mesh_of(axis_context):
   return None if physical.empty else physical
 
 
-def lower(ctx, *args, beta, out_dtype, backend, has_c):
-  """Lowering rule under a multi-device sharding context."""
+def lower(ctx, prim, *args, beta, out_dtype, backend, has_c):
+  """Lowering rule of `prim` (blockwise_fp8_dot_p) under a multi-device sharding context."""
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
-  fn = _partitioned(batch_ndim=a_aval.ndim - 2, n=b_aval.shape[0], k=b_aval.shape[1],
+  fn = _partitioned(prim, batch_ndim=a_aval.ndim - 2, n=b_aval.shape[0], k=b_aval.shape[1],
                     beta=beta, out_dtype=np.dtype(out_dtype), backend=backend, has_c=has_c)
   return lower_locally(ctx, fn, *args)
 
@@ -106,17 +106,17 @@ def lower_locally(ctx, fn, *args):
 
 
 @functools.cache
-def _partitioned(*, batch_ndim, n, k, beta, out_dtype, backend, has_c):
+def _partitioned(prim, *, batch_ndim, n, k, beta, out_dtype, backend, has_c):
   """The primitive wrapped in custom_partitioning for one static configuration."""
   params = dict(beta=beta, out_dtype=out_dtype, backend=backend, has_c=has_c)
 
   @custom_partitioning
   def fp8_dot(*xs):
-    return _bind(*xs, **params)
+    return prim.bind(*xs, **params)
 
   def partition(mesh, arg_shapes, result_shape):
     plan = _Plan.from_shardings(mesh, arg_shapes, result_shape, has_c=has_c)
-    return mesh, plan.body(params), plan.result_sharding(), plan.arg_shardings()
+    return mesh, plan.body(prim, params), plan.result_sharding(), plan.arg_shardings()
 
   def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
     # Used by the (deprecated) GSPMD partitioner only; Shardy uses the rule.
@@ -131,12 +131,6 @@ def _partitioned(*, batch_ndim, n, k, beta, out_dtype, backend, has_c):
                         propagate_user_sharding=propagate_user_sharding,
                         sharding_rule=rule, **factor_kwargs)
   return fp8_dot
-
-
-def _bind(*xs, beta, out_dtype, backend, has_c):
-  from jax_fp8.primitive import blockwise_fp8_dot_p  # Circular at import time.
-  return blockwise_fp8_dot_p.bind(*xs, beta=beta, out_dtype=out_dtype, backend=backend,
-                                  has_c=has_c)
 
 
 def _sharding_rule(batch_ndim, n, k, has_c):
@@ -265,17 +259,17 @@ class _Plan:
       specs.append(self._out_spec())
     return tuple(NamedSharding(self.mesh, s) for s in specs)
 
-  def body(self, params):
+  def body(self, prim, params):
     """The per-shard computation (runs on local shards, in a manual context)."""
     k_axes, scatter_dim = self.k_axes, self.scatter_dim
     if not k_axes:
-      return _without_mesh(lambda *xs: _bind(*xs, **params))
+      return _without_mesh(lambda *xs: prim.bind(*xs, **params))
     beta, out_dtype, has_c = params["beta"], params["out_dtype"], params["has_c"]
 
     @_without_mesh
     def body(*xs):
-      partial = _bind(*xs[:4], beta=1.0, out_dtype=np.dtype(jnp.float32),
-                      backend=params["backend"], has_c=False)
+      partial = prim.bind(*xs[:4], beta=1.0, out_dtype=np.dtype(jnp.float32),
+                          backend=params["backend"], has_c=False)
       if scatter_dim is None:
         acc = lax.psum(partial, k_axes)
       else:

@@ -32,18 +32,14 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from jax_fp8.pallas import device as jdevice
 
 _lock = threading.Lock()
 _memory: dict[str, dict[str, Any]] = {}   # key -> cache entry, for the cache file in use
 _memory_path: pathlib.Path | None = None
-
-
-def _interpreting() -> bool:
-  # Interpret mode runs the kernel on the CPU even where a GPU exists: CUPTI
-  # would see no kernel of ours, and the timings are not the GPU's.
-  from jax_fp8.backends import gpu_interpret_mode_active
-  return gpu_interpret_mode_active()
 
 
 def enabled() -> bool:
@@ -59,23 +55,10 @@ def cache_path() -> pathlib.Path:
   return pathlib.Path(base) / "jax_fp8" / "autotune.json"
 
 
-def device_name() -> str:
-  """What the timings depend on: the GPU model, or the CPU in interpret mode."""
-  if _interpreting():
-    return "cpu (GPU interpret mode)"
-  try:
-    gpus = jax.devices("gpu")
-  except RuntimeError:
-    gpus = []
-  if gpus:
-    return gpus[0].device_kind
-  return "cpu (GPU interpret mode)"
-
-
 def make_key(kernel: str, m: int, n: int, k: int, *, out_dtype, c_dtype=None,
              device: str | None = None) -> str:
   c = "none" if c_dtype is None else np.dtype(c_dtype).name
-  return (f"{kernel}|{device or device_name()}|{m}x{n}x{k}|"
+  return (f"{kernel}|{device or jdevice.device_name()}|{m}x{n}x{k}|"
           f"out={np.dtype(out_dtype).name}|c={c}")
 
 
@@ -134,7 +117,9 @@ def kernel_time_ms(fn: Callable, args: Sequence[Any], *, iters: int = 10,
   out = jax.block_until_ready(compiled(*args))  # also the warm-up
   if check is not None:
     check(out)
-  if jax.default_backend() == "gpu" and not _interpreting():
+  # Interpret mode runs the kernel on the CPU even where a GPU exists: CUPTI
+  # would see no kernel of ours, and the timings are not the GPU's.
+  if jdevice.gpus() and not jdevice.interpret_mode_active():
     from jax.experimental.mosaic.gpu import profiler
     # A Compiled is timed as it is (a plain callable would be re-jitted).
     _, times = profiler.measure(compiled, iterations=iters)(*args)
@@ -148,6 +133,50 @@ def kernel_time_ms(fn: Callable, args: Sequence[Any], *, iters: int = 10,
     jax.block_until_ready(compiled(*args))
     times.append((time.perf_counter() - t0) * 1e3)
   return statistics.median(times)
+
+
+def random_operands(seed: int, m: int, n: int, k: int, *, c_dtype=None) -> tuple:
+  """(a, a_scale, b, b_scale, c) to time and check candidates on: random e4m3
+  values over most of the format's range (never zeros, which would hide
+  unwritten outputs and run unrealistically fast) and scales over several binades."""
+  rng = np.random.default_rng(seed)
+  kb, nb = -(-k // 128), -(-n // 128)
+
+  def fp8(*shape):
+    return jnp.asarray(rng.standard_normal(shape).astype(np.float32) * 64).astype(
+        jnp.float8_e4m3fn)
+
+  def scales(*shape):
+    return jnp.asarray(np.exp2(rng.uniform(-12.0, -4.0, size=shape)).astype(np.float32))
+
+  c = None
+  if c_dtype is not None:
+    c = jnp.asarray(rng.standard_normal((m, n)).astype(np.float32)).astype(c_dtype)
+  return fp8(m, k), scales(m, kb), fp8(n, k), scales(nb, kb), c
+
+
+def output_check(args, *, beta: float, tol: float) -> Callable[[Any], None]:
+  """check(out) for kernel_time_ms: raises unless out is within `tol` (relative
+  Frobenius norm; NaN fails) of the contract evaluated in float32 on the device."""
+  a, a_scale, b, b_scale, c = args
+  n, k = b.shape
+  expand = lambda s, axis: jnp.repeat(s, 128, axis=axis)
+
+  @jax.jit
+  def reference(a, a_scale, b, b_scale, c):
+    a32 = a.astype(jnp.float32) * expand(a_scale, 1)[:, :k]
+    b32 = b.astype(jnp.float32) * expand(expand(b_scale, 0), 1)[:n, :k]
+    out = jnp.dot(a32, b32.T, precision=jax.lax.Precision.HIGHEST)
+    return out if c is None else out + beta * c.astype(jnp.float32)
+
+  ref = np.asarray(reference(*args), np.float64)
+  norm = np.linalg.norm(ref) or 1.0
+
+  def check(out):
+    err = float(np.linalg.norm(np.asarray(out, np.float64) - ref) / norm)
+    if not err <= tol:  # NaN fails too
+      raise ValueError(f"relative error {err:.3e} > {tol:.1e}")
+  return check
 
 
 def tune(key: str, candidates: Iterable[Any], time_config: Callable[[Any], float]) -> Any:

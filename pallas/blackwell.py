@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import common
+from jax_fp8.pallas import common, device
 from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
                                    unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
@@ -102,7 +102,7 @@ class BlackwellConfig:
 
 
 def _num_sms() -> int:
-  return common.num_sms(default=148)  # B200
+  return device.num_sms(default=148)  # B200
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
@@ -260,7 +260,8 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
   out_dtype = np.dtype(out_dtype)
   m, k = a.shape
   n = b.shape[0]
-  reason = unsupported_reason(m, n, k, out_dtype=out_dtype, has_c=c is not None)
+  reason = unsupported_reason("blockwise_fp8_dot", m, n, k, out_dtype=out_dtype,
+                              has_c=c is not None)
   if reason is not None:
     raise ValueError(reason)
   if c is not None and np.dtype(c.dtype) not in C_DTYPES:

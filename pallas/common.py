@@ -20,20 +20,9 @@ def round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
-def num_sms(default: int) -> int:
-  """SMs of the first GPU; `default` where there is none (lowering on a CPU)."""
-  try:
-    devices = jax.devices("gpu")
-  except RuntimeError:
-    devices = []
-  if devices and getattr(devices[0], "core_count", None):
-    return int(devices[0].core_count)
-  return default
-
-
-def unsupported_reason(m, n, k, *, out_dtype, has_c) -> str | None:
-  """Why a Pallas kernel cannot take this call, or None (backends.py's protocol)."""
-  del has_c
+def unsupported_reason(op, m, n, k, *, out_dtype, has_c=False, **problem) -> str | None:
+  """Why a Pallas kernel cannot take this call, or None (jax_fp8.backends' protocol)."""
+  del op, has_c, problem
   if np.dtype(out_dtype) not in OUT_DTYPES:
     return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
   if min(m, n, k) < 1:

@@ -15,17 +15,7 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
-
-def gpu_compute_capability():
-  """(major, minor) of the first CUDA device, or None without one."""
-  try:
-    devices = jax.devices("gpu")
-  except RuntimeError:
-    return None
-  if not devices:
-    return None
-  major, minor = str(devices[0].compute_capability).split(".")
-  return int(major), int(minor)
+from jax_fp8.pallas.device import compute_capability as gpu_compute_capability  # noqa: E402
 
 
 def requires_gpu(min_cc=(8, 9), major=None):

@@ -80,15 +80,15 @@ def test_unsupported_reason_when_nvcc_is_missing(monkeypatch, tmp_path):
   monkeypatch.setattr(jffi, "_device_arch", lambda: "sm_90a")
   jffi._load.cache_clear()
   try:
-    reason = jffi.unsupported_reason(128, 128, 128, out_dtype=BF16, has_c=False)
+    reason = jffi.unsupported_reason("blockwise_fp8_dot", 128, 128, 128, out_dtype=BF16, has_c=False)
   finally:
     jffi._load.cache_clear()
   assert reason is not None and "nvcc" in reason and "CUDA_HOME" in reason
 
 
 def test_unsupported_reason_checks_out_dtype_and_size():
-  assert "out_dtype" in jffi.unsupported_reason(8, 8, 8, out_dtype=jnp.float16, has_c=False)
-  assert "2**30" in jffi.unsupported_reason(2**30, 8, 8, out_dtype=F32, has_c=False)
+  assert "out_dtype" in jffi.unsupported_reason("blockwise_fp8_dot", 8, 8, 8, out_dtype=jnp.float16, has_c=False)
+  assert "2**30" in jffi.unsupported_reason("blockwise_fp8_dot", 2**30, 8, 8, out_dtype=F32, has_c=False)
 
 
 @pytest.mark.parametrize("cc,arch", [("8.9", "sm_89"), ("9.0", "sm_90a"), ((10, 0), "sm_100a"),

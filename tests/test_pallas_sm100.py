@@ -117,11 +117,11 @@ def test_missing_drain_is_reported(monkeypatch):
 
 
 def test_unsupported_reason():
-  assert bw.unsupported_reason(100, 200, 300, out_dtype=BF16, has_c=True) is None
-  assert bw.unsupported_reason(1, 1, 1, out_dtype=F32, has_c=False) is None
-  assert "out_dtype" in bw.unsupported_reason(128, 128, 128, out_dtype=np.dtype(np.float16),
+  assert bw.unsupported_reason("blockwise_fp8_dot", 100, 200, 300, out_dtype=BF16, has_c=True) is None
+  assert bw.unsupported_reason("blockwise_fp8_dot", 1, 1, 1, out_dtype=F32, has_c=False) is None
+  assert "out_dtype" in bw.unsupported_reason("blockwise_fp8_dot", 128, 128, 128, out_dtype=np.dtype(np.float16),
                                               has_c=False)
-  assert "empty" in bw.unsupported_reason(0, 128, 128, out_dtype=BF16, has_c=False)
+  assert "empty" in bw.unsupported_reason("blockwise_fp8_dot", 0, 128, 128, out_dtype=BF16, has_c=False)
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -331,9 +331,9 @@ def test_split_k_must_divide_the_k_blocks():
 
 
 def test_unsupported_reason():
-  assert hopper.unsupported_reason(4096, 7168, 2048, out_dtype=BF16, has_c=True) is None
-  assert hopper.unsupported_reason(1, 1, 1, out_dtype=F32, has_c=False) is None
-  assert "out_dtype" in hopper.unsupported_reason(8, 8, 8, out_dtype=np.dtype(np.float16),
+  assert hopper.unsupported_reason("blockwise_fp8_dot", 4096, 7168, 2048, out_dtype=BF16, has_c=True) is None
+  assert hopper.unsupported_reason("blockwise_fp8_dot", 1, 1, 1, out_dtype=F32, has_c=False) is None
+  assert "out_dtype" in hopper.unsupported_reason("blockwise_fp8_dot", 8, 8, 8, out_dtype=np.dtype(np.float16),
                                                   has_c=False)
 
 
