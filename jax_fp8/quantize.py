@@ -102,3 +102,24 @@ def dequantize_128x128(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax
         f"scale must have shape (ceil(N/128), ceil(K/128)) = "
         f"{(num_blocks(n), num_blocks(k))}, got {scale.shape}")
   return (q.astype(jnp.float32) * expand_128x128_scale(scale.astype(jnp.float32), n, k)).astype(dtype)
+
+
+def quantize_1x128_with_transpose(x: jax.Array, *, power_of_two_scales: bool = False):
+  """Row-wise and column-wise 1x128 quantisation of a 2-D x [T, K] (the training recipe).
+
+  Returns (q, s, q_t, s_t):
+    q [T, K] float8_e4m3fn, s [T, ceil(K/128)] float32: 1x128 groups along K
+      (what `quantize_1x128(x)` returns);
+    q_t [K, T] float8_e4m3fn, s_t [K, ceil(T/128)] float32: 1x128 groups along
+      the token axis T, stored transposed (what `quantize_1x128(x.T)` returns),
+      the K-major layout the weight-gradient GEMM contracts over tokens with.
+  Both follow quantize_1x128's scale rules exactly. This is the jnp reference;
+  a fused kernel reads x once for both.
+  """
+  x = jnp.asarray(x)
+  _check_float(x, "x")
+  if x.ndim != 2:
+    raise ValueError(f"x must be 2-D [T, K], got shape {x.shape}")
+  q, s = quantize_1x128(x, power_of_two_scales=power_of_two_scales)
+  q_t, s_t = quantize_1x128(x.T, power_of_two_scales=power_of_two_scales)
+  return q, s, q_t, s_t

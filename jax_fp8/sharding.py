@@ -5,7 +5,7 @@ The op is a matmul with block-scaled operands, so it shards like one:
     factor   a          a_scale    b        b_scale   c / out
     batch    [..]       [..]       -        -         [..]
     M        -2         -2         -        -         -2
-    N        -          -          0        0 (blks)  -1
+    N        -          -          0        0 (blks)  -1     (per-row b scales: 0, rows)
     K        -1         -1 (blks)  1        1 (blks)  -        (reduction)
 
 - Batch, M or N sharded: every device computes its own tile, no communication.
@@ -13,7 +13,9 @@ The op is a matmul with block-scaled operands, so it shards like one:
   then one psum (psum_scatter when the output is wanted sharded over the same
   axes), then + beta*c and the cast to out_dtype, exactly once.
 - Scales go with their 128-blocks, so a shard of N or K must be a whole number
-  of 128-blocks; a split that is not gets replicated, with a warning.
+  of 128-blocks; a split that is not gets replicated, with a warning. With
+  per-row b scales (b_scale_block=(1, 128), b_scale [N, ceil(K/128)]) the
+  scales go with b's rows, and N shards like M: any even split.
 
 Entry points, used by jax_fp8.primitive:
 - `wants_partitioning(ctx)` / `lower(ctx, ...)`: under a multi-device jit with
@@ -81,11 +83,12 @@ def _mesh_of(axis_context):
   return None if physical.empty else physical
 
 
-def lower(ctx, prim, *args, beta, out_dtype, backend, has_c):
+def lower(ctx, prim, *args, beta, out_dtype, backend, has_c, b_scale_block):
   """Lowering rule of `prim` (blockwise_fp8_dot_p) under a multi-device sharding context."""
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
   fn = _partitioned(prim, batch_ndim=a_aval.ndim - 2, n=b_aval.shape[0], k=b_aval.shape[1],
-                    beta=beta, out_dtype=np.dtype(out_dtype), backend=backend, has_c=has_c)
+                    beta=beta, out_dtype=np.dtype(out_dtype), backend=backend, has_c=has_c,
+                    b_scale_block=tuple(b_scale_block))
   return lower_locally(ctx, fn, *args)
 
 
@@ -106,37 +109,40 @@ def lower_locally(ctx, fn, *args):
 
 
 @functools.cache
-def _partitioned(prim, *, batch_ndim, n, k, beta, out_dtype, backend, has_c):
+def _partitioned(prim, *, batch_ndim, n, k, beta, out_dtype, backend, has_c, b_scale_block):
   """The primitive wrapped in custom_partitioning for one static configuration."""
-  params = dict(beta=beta, out_dtype=out_dtype, backend=backend, has_c=has_c)
+  params = dict(beta=beta, out_dtype=out_dtype, backend=backend, has_c=has_c,
+                b_scale_block=b_scale_block)
+  n_block = BLOCK if b_scale_block[0] == BLOCK else 0  # b_scale rows per scale
 
   @custom_partitioning
   def fp8_dot(*xs):
     return prim.bind(*xs, **params)
 
   def partition(mesh, arg_shapes, result_shape):
-    plan = _Plan.from_shardings(mesh, arg_shapes, result_shape, has_c=has_c)
+    plan = _Plan.from_shardings(mesh, arg_shapes, result_shape, has_c=has_c, n_block=n_block)
     return mesh, plan.body(prim, params), plan.result_sharding(), plan.arg_shardings()
 
   def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
     # Used by the (deprecated) GSPMD partitioner only; Shardy uses the rule.
-    return _Plan.from_shardings(mesh, arg_shapes, None, has_c=has_c,
+    return _Plan.from_shardings(mesh, arg_shapes, None, has_c=has_c, n_block=n_block,
                                 quiet=True).result_sharding()
 
   def propagate_user_sharding(mesh, user_shape):
     return user_shape.sharding  # Any output sharding is fine (GSPMD only).
 
-  rule, factor_kwargs = _sharding_rule(batch_ndim, n, k, has_c)
+  rule, factor_kwargs = _sharding_rule(batch_ndim, n, k, has_c, n_block)
   fp8_dot.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
                         propagate_user_sharding=propagate_user_sharding,
                         sharding_rule=rule, **factor_kwargs)
   return fp8_dot
 
 
-def _sharding_rule(batch_ndim, n, k, has_c):
+def _sharding_rule(batch_ndim, n, k, has_c, n_block=BLOCK):
   """Shardy's einsum-like rule. Aligned N/K are compound factors (blocks x 128)
   so that only whole 128-blocks can be sharded; the in-block factors need
-  replication. An unaligned N or K (a partial last block) is never split."""
+  replication. An unaligned N or K (a partial last block) is never split.
+  n_block=0 (per-row b scales): b_scale's rows are b's rows, one factor n."""
   batch = " ".join(f"b{i}" for i in range(batch_ndim))
   replicate, sizes = [], {}
   if k % BLOCK == 0:
@@ -146,7 +152,9 @@ def _sharding_rule(batch_ndim, n, k, has_c):
   else:
     a_k, s_k = "k", "kb"
     replicate += ["k", "kb"]
-  if n % BLOCK == 0:
+  if not n_block:
+    b_n, s_n = "n", "n"
+  elif n % BLOCK == 0:
     b_n, s_n = "(nb ni)", "nb"
     replicate.append("ni")
     sizes["ni"] = BLOCK
@@ -193,7 +201,8 @@ class _Plan:
   has_c: bool
 
   @classmethod
-  def from_shardings(cls, mesh, arg_shapes, result_shape, *, has_c, quiet=False):
+  def from_shardings(cls, mesh, arg_shapes, result_shape, *, has_c, n_block=BLOCK,
+                     quiet=False):
     a, b = arg_shapes[0], arg_shapes[2]
     *batch, m, k = a.shape
     n = b.shape[0]
@@ -220,7 +229,7 @@ class _Plan:
 
     batch_axes = tuple(claim(f"batch dim {i}", a_spec[i], d, 0) for i, d in enumerate(batch))
     m_axes = claim("M", a_spec[-2], m, 0)
-    n_axes = claim("N", b_spec[0], n, BLOCK)
+    n_axes = claim("N", b_spec[0], n, n_block)
     k_axes = claim("K", a_spec[-1] or b_spec[1], k, BLOCK)
     if dropped and not quiet:
       warnings.warn("blockwise_fp8_dot: replicating instead of sharding " + "; ".join(dropped)
@@ -268,8 +277,8 @@ class _Plan:
 
     @_without_mesh
     def body(*xs):
-      partial = prim.bind(*xs[:4], beta=1.0, out_dtype=np.dtype(jnp.float32),
-                          backend=params["backend"], has_c=False)
+      partial = prim.bind(*xs[:4], **dict(params, beta=1.0, out_dtype=np.dtype(jnp.float32),
+                                          has_c=False))
       if scatter_dim is None:
         acc = lax.psum(partial, k_axes)
       else:

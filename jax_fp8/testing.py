@@ -2,6 +2,10 @@
 
 - `random_operands`: fresh random FP8 operands with scales over several binades.
 - `reference_f64`: the contract evaluated in float64 with numpy.
+- `quantize_np`, `dense_reference_f64`: the quantisers and jax_fp8.dense's
+  training recipe (forward, dgrad, wgrad) simulated in numpy: quantise as
+  specified, then exact float64 arithmetic (`quantize_jnp`: the same with
+  jax_fp8's quantisers).
 - `assert_close`: the relative Frobenius bounds of the project (and no NaN).
 - `poison_like`: a NaN-filled array, to prove every output tile gets written.
 - `gpu_interpret_mode` / `run_in_gpu_interpret_mode`: run Pallas GPU kernels on
@@ -14,6 +18,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from jax_fp8 import quantize
@@ -27,7 +32,7 @@ class Operands:
   a: jax.Array        # [..., M, K] float8_e4m3fn
   a_scale: jax.Array  # [..., M, ceil(K/128)] float32
   b: jax.Array        # [N, K] float8_e4m3fn
-  b_scale: jax.Array  # [ceil(N/128), ceil(K/128)] float32
+  b_scale: jax.Array  # [ceil(N/128), ceil(K/128)] float32 (or [N, ceil(K/128)]: per-row)
   c: jax.Array | None  # [..., M, N] or None
 
   def args(self):
@@ -46,9 +51,12 @@ def random_scales(rng: np.random.Generator, shape) -> np.ndarray:
 
 
 def random_operands(seed: int, m: int, n: int, k: int, *, batch=(),
-                    with_c: bool = False, c_dtype=jnp.float32) -> Operands:
+                    with_c: bool = False, c_dtype=jnp.float32,
+                    b_scale_block=(128, 128)) -> Operands:
+  """b_scale_block=(1, 128) gives per-row b scales [N, ceil(K/128)]."""
   rng = np.random.default_rng(seed)
-  kb, nb = quantize.num_blocks(k), quantize.num_blocks(n)
+  kb = quantize.num_blocks(k)
+  nb = n if tuple(b_scale_block) == (1, 128) else quantize.num_blocks(n)
   c = None
   if with_c:
     c = jnp.asarray(rng.standard_normal((*batch, m, n)).astype(np.float32)).astype(c_dtype)
@@ -60,16 +68,23 @@ def random_operands(seed: int, m: int, n: int, k: int, *, batch=(),
       c=c)
 
 
-def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0) -> np.ndarray:
-  """The contract in float64: dequantise exactly, one matmul, + beta * c."""
+def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0,
+                  b_scale_block=(128, 128)) -> np.ndarray:
+  """The contract in float64: dequantise exactly, one matmul, + beta * c.
+
+  b_scale_block=(1, 128): b_scale is per row of b, [N, ceil(K/128)].
+  """
   a64 = np.asarray(jnp.asarray(a).astype(jnp.float32), dtype=np.float64)
   b64 = np.asarray(jnp.asarray(b).astype(jnp.float32), dtype=np.float64)
   n, k = b64.shape
   sa = np.repeat(np.asarray(a_scale, np.float64), quantize.BLOCK, axis=-1)[..., :k]
-  sb = np.repeat(np.repeat(np.asarray(b_scale, np.float64), quantize.BLOCK, 0),
-                 quantize.BLOCK, 1)[:n, :k]
+  sb = np.asarray(b_scale, np.float64)
+  if tuple(b_scale_block) != (1, 128):
+    sb = np.repeat(sb, quantize.BLOCK, 0)[:n]
+  sb = np.repeat(sb, quantize.BLOCK, 1)[:, :k]
   out = (a64 * sa) @ (b64 * sb).T
   if c is not None:
+    beta = float(np.asarray(beta, np.float64))
     out = out + beta * np.asarray(jnp.asarray(c).astype(jnp.float32), np.float64)
   return out
 
@@ -99,6 +114,69 @@ def assert_close(out, ref: np.ndarray, out_dtype=None, tol: float | None = None)
 def poison_like(shape, dtype) -> jax.Array:
   """An output-sized NaN array: a kernel that leaves a tile unwritten fails."""
   return jnp.full(shape, jnp.nan, dtype)
+
+
+# ---- the training recipe in numpy ----------------------------------------------
+
+def quantize_np(x, group) -> np.ndarray:
+  """x [R, C] quantised in groups of `group` = (rows, cols) elements (1x128 or
+  128x128; the last groups may be partial), returned dequantised in float64.
+
+  An independent implementation of the quantisers' rule for finite input:
+  scale = float32(amax) / 448 in float32 (all-zero group: 1), q = clip(x /
+  scale, +-448) rounded to e4m3 (nearest even), value = q * scale exactly.
+  """
+  x = np.asarray(jnp.asarray(x).astype(jnp.float32))
+  if not np.all(np.isfinite(x)):
+    raise ValueError("quantize_np simulates finite input only")
+  gr, gc = group
+  r, c = x.shape
+  rb, cb = -(-r // gr), -(-c // gc)
+  padded = np.zeros((rb * gr, cb * gc), np.float32)  # zeros change no group's amax
+  padded[:r, :c] = x
+  blocks = padded.reshape(rb, gr, cb, gc)
+  scale = np.max(np.abs(blocks), axis=(1, 3)) / np.float32(quantize.E4M3_MAX)  # float32
+  scale = np.where(scale == 0, np.float32(1.0), scale)[:, None, :, None]
+  q = np.clip(blocks / scale, -quantize.E4M3_MAX, quantize.E4M3_MAX).astype(
+      ml_dtypes.float8_e4m3fn)
+  out = q.astype(np.float64) * scale.astype(np.float64)
+  return out.reshape(rb * gr, cb * gc)[:r, :c]
+
+
+def quantize_jnp(x, group) -> np.ndarray:
+  """Like quantize_np, through jax_fp8's own quantisers (dequantised exactly in float64)."""
+  x = jnp.asarray(x)
+  if tuple(group) == (128, 128):
+    q, s = jax.jit(quantize.quantize_128x128)(x)
+    s = np.repeat(np.asarray(s, np.float64), quantize.BLOCK, 0)[:x.shape[0]]
+  elif tuple(group) == (1, 128):
+    q, s = jax.jit(quantize.quantize_1x128)(x)
+    s = np.asarray(s, np.float64)
+  else:
+    raise ValueError(f"group must be (1, 128) or (128, 128), got {group}")
+  s = np.repeat(s, quantize.BLOCK, 1)[:, :x.shape[1]]
+  return np.asarray(jnp.asarray(q).astype(jnp.float32), np.float64) * s
+
+
+def dense_reference_f64(x, kernel, dy, quantize_fn=quantize_np):
+  """jax_fp8.dense's recipe on x [T, K], kernel [K, N] and the output gradient
+  dy [T, N], in float64 after quantisation: (y, dx, dkernel).
+
+  forward  y  = Q(x, 1x128 along K)   @ Q(kernel, 128x128)
+  dgrad    dx = Q(dy, 1x128 along N)  @ Q(kernel, 128x128)^T
+  wgrad    dk = Q(x, 1x128 along T)^T @ Q(dy, 1x128 along T)
+
+  quantize_fn(x, group) -> dequantised float64: quantize_np (the rule, in
+  numpy) or quantize_jnp (jax_fp8's quantisers, to check the recipe's wiring
+  apart from the quantisers' last bits).
+  """
+  x32 = np.asarray(jnp.asarray(x).astype(jnp.float32))
+  dy32 = np.asarray(jnp.asarray(dy).astype(jnp.float32))
+  w = quantize_fn(jnp.asarray(kernel), (128, 128))
+  y = quantize_fn(x32, (1, 128)) @ w
+  dx = quantize_fn(dy32, (1, 128)) @ w.T
+  dk = quantize_fn(x32.T, (1, 128)) @ quantize_fn(dy32.T, (1, 128)).T
+  return y, dx, dk
 
 
 # ---- GPU interpret mode -------------------------------------------------------
