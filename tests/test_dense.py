@@ -18,6 +18,7 @@ from jax._src.core import ShardingTypeError
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_fp8
+from conftest import requires_gpu
 from jax_fp8 import testing
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -241,3 +242,32 @@ def test_per_row_b_scales_shard_n_in_any_even_split():
               in_shardings=(sh("x"), sh("x"), sh("y"), sh()), out_shardings=sh("x", "y"))
   with pytest.warns(UserWarning, match="replicating instead of sharding N"):
     g(*blocks.args()[:4])
+
+
+# ---- on a GPU (the lead's H100 runs; skipped elsewhere) -----------------------------
+
+GPU_TOL = {np.dtype(BF16): testing.TOLERANCE[np.dtype(BF16)], np.dtype(F32): 2.5e-4}
+
+
+@requires_gpu()
+@pytest.mark.parametrize("x_dtype", [F32, BF16])
+def test_gpu_dense_matches_simulation_of_the_recipe(x_dtype):
+  # backend="auto" for all three GEMMs (the wgrad's per-row b scales run on the
+  # kernels that take b_scale_rows=1, else on the reference backend).
+  x, kernel, dy = _data(7, (2048, 1024), 768, x_dtype, F32)
+  y, dx, dk = jax.jit(_fwd_bwd)(x, kernel, dy)
+  wired = testing.dense_reference_f64(x, kernel, dy, testing.quantize_jnp)
+  for g, r, dt in zip((y, dx, dk), wired, (x_dtype, x_dtype, F32)):
+    testing.assert_close(g, r, dt, tol=GPU_TOL[np.dtype(dt)])
+
+
+@requires_gpu()
+@pytest.mark.parametrize("m,n,k", [(2048, 1536, 4096), (256, 200, 300)])
+def test_gpu_per_row_b_scales_match_float64_reference(m, n, k):
+  # The wgrad GEMM's shape: a = x^T [K, T], b = dy^T [N, T], contracting over tokens.
+  row = (1, 128)
+  ops = testing.random_operands(m + n + k, m, n, k, b_scale_block=row)
+  out = jax.jit(lambda *xs: jax_fp8.blockwise_fp8_dot(*xs, out_dtype=F32, b_scale_block=row))(
+      *ops.args()[:4])
+  testing.assert_close(out, testing.reference_f64(*ops.args()[:4], b_scale_block=row), F32,
+                       tol=GPU_TOL[np.dtype(F32)])
