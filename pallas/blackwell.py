@@ -45,11 +45,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, scheduler as sched_lib
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
-                                   unsupported_reason)
+from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, round_up,
+                                   tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
-from jax_fp8.pallas.recipe import ScaleRecipe, recipe_for
+from jax_fp8.pallas.recipe import BLOCK_128, ScaleRecipe, recipe_for, zero_unless
 
 TMEM_COLS = 512        # f32 columns of TMEM per SM
 TMA_WARP, MMA_WARP, EPI_LOAD_WARP = 0, 1, 2
@@ -115,11 +115,13 @@ def num_sms() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class _Problem:
+  """What the kernel body needs besides the config: static shapes and choices."""
   scheduler: object
   recipe: ScaleRecipe
   k_blocks: int
-  beta: float
-  mask_rows: bool
+  beta: float = 1.0
+  mask_rows: bool = False   # a K pass changes only its rows (ragged groups)
+  zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
 
 
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
@@ -254,7 +256,7 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
         s_a = plgpu.load(as_smem.at[ks.input_stage.index, 0], layout=row_layout)
         if prob.mask_rows:
           rows = tile.m0 + plgpu.broadcasted_iota(i32, (tile_m,), 0, layout=row_layout)
-          s_a = jnp.where((rows >= tp.row_lo) & (rows < tp.row_hi), s_a, 0.0)
+          s_a = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi), s_a)
         new_acc = []
         for p, acc_p in enumerate(acc):
           b = recipe.load_b(bs_gmem, tp.b_group, tile.k0 + kb, tile.n0 + p * epi_n, epi_n,
@@ -283,9 +285,9 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
         with epi_load.consume(i * n_pieces + p) as st:
           c = plgpu.load(c_smem.at[st.index], layout=layout)
           val = val + c.astype(jnp.float32) * prob.beta
-      if prob.mask_rows:
+      if prob.zero_rows:
         rows = tile.m0 + plgpu.broadcasted_iota(i32, val.shape, 0, layout=layout)
-        val = jnp.where(rows < tile.row_end, val, 0.0)
+        val = zero_unless(rows < tile.row_end, val)
       stores.store(p, val, out_gmem.at[tile.out_group, pl.ds(tile.m0, tile_m),
                                        pl.ds(tile.n0 + p * epi_n, epi_n)])
     return step
@@ -314,6 +316,12 @@ def _launch(cfg: BlackwellConfig, prob: _Problem, a, a_scale_t, b, b_scale, c, m
   return kernel(a, a_scale_t, b, b_scale, c, meta)
 
 
+def _pad(cfg: BlackwellConfig, a, a_scale, b, c):
+  """pad_for_tma for this kernel: A-scales transposed (TMA boxes of a tile's rows)."""
+  return pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
+                     tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
+
+
 def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
   """b_scale [G, nb, kb] as given (128x128), or per-row [G, N, kb] transposed to
   [G, kb, n_cols] (zero-padded) so that a piece's scales are one contiguous load."""
@@ -339,13 +347,45 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: Bla
   cfg = config
   cfg.check()
   k_blocks = pl.cdiv(k, K_BLOCK)
-  ops = pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
-                    tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
+  ops = _pad(cfg, a[None], a_scale[None], b[None], None if c is None else c[None])
   sched = sched_lib.DenseScheduler(m=ops.rows, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
                                    grid_minor="n", group=8, k_blocks=k_blocks)
-  prob = _Problem(sched, recipe, k_blocks, float(beta), mask_rows=False)
-  out = _launch(cfg, prob, ops.a[None], ops.a_scale[None], ops.b[None],
-                _b_scale_for(recipe, b_scale[None], ops.out_cols),
-                None if ops.c is None else ops.c[None], {}, (1, ops.rows, ops.out_cols),
-                out_dtype)
+  prob = _Problem(sched, recipe, k_blocks, float(beta))
+  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b,
+                _b_scale_for(recipe, b_scale[None], round_up(n, cfg.tile_n)), ops.c, {},
+                (1, ops.rows, ops.out_cols), out_dtype)
   return out[0, :m, :n]
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: BlackwellConfig):
+  """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
+  (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
+  cfg = config
+  cfg.check()
+  m, k = a.shape
+  g, n, _ = b.shape
+  ops = _pad(cfg, a[None], a_scale[None], b, None)
+  starts, pass_group, tile_passes = sched_lib.ragged_tables(group_sizes, m, cfg.tile_m)
+  sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                                    num_groups=g)
+  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), mask_rows=True, zero_rows=True)
+  meta = dict(group_start=starts, pass_group=pass_group, tile_passes=tile_passes)
+  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None, meta,
+                (1, ops.rows, ops.out_cols), np.dtype(out_dtype))
+  return out[0, :m, :n]
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: BlackwellConfig):
+  """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g] rows
+  exist (the rest are stored as zeros). [G, M, N]."""
+  cfg = config
+  cfg.check()
+  g, m, k = a.shape
+  n = b.shape[1]
+  ops = _pad(cfg, a, a_scale, b, None)
+  sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n, groups=g)
+  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True)
+  rows = jnp.clip(masked_m.astype(i32), 0, m)
+  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,
+                dict(masked_m=rows), (g, ops.rows, ops.out_cols), np.dtype(out_dtype))
+  return out[:, :m, :n]

@@ -42,10 +42,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, scheduler as sched_lib
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
-                                   unsupported_reason)
+from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, round_up,
+                                   tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline
-from jax_fp8.pallas.recipe import BLOCK_128, ScaleRecipe, recipe_for
+from jax_fp8.pallas.recipe import BLOCK_128, ScaleRecipe, recipe_for, zero_unless
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
 i32 = jnp.int32
@@ -202,8 +202,9 @@ class _Problem:
   scheduler: sched_lib.DenseScheduler | sched_lib.MaskedScheduler | sched_lib.RaggedScheduler
   recipe: ScaleRecipe
   k_blocks: int          # K blocks of one unit (one K split)
-  beta: float
-  mask_rows: bool        # rows of a tile outside the problem are zeroed (grouped)
+  beta: float = 1.0
+  mask_rows: bool = False   # a K pass changes only its rows (ragged groups)
+  zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
 
 
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
@@ -352,15 +353,15 @@ class _Warpgroup:
                                      kb], layout=row_layout, optimized=False)
       if self.prob.mask_rows:
         rows = row0 + plgpu.broadcasted_iota(i32, (cm,), 0, layout=row_layout)
-        s = jnp.where((rows >= tp.row_lo) & (rows < tp.row_hi) & valid, s, 0.0)
+        s = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi) & valid, s)
       elif self.partial_last_step:
-        s = jnp.where(valid, s, 0.0)
+        s = zero_unless(valid, s)
       rows_scales.append(s)
     col_scales = []
     for c in sorted({c for _, c in chunks}):
       b = recipe.load_b(self.bs_gmem, tp.b_group, kb, tile.n0 + wc + c, cn,
                         plgpu.Layout.WGMMA.reduce(0))
-      col_scales.append(jnp.where(valid, b, 0.0) if self.partial_last_step else b)
+      col_scales.append(zero_unless(valid, b) if self.partial_last_step else b)
     if len(chunks) == 1 and cfg.scale_product and not recipe.per_row_b:
       return (recipe.row_factor(rows_scales[0], col_scales[0]),), ()
     return tuple(rows_scales), tuple(col_scales)
@@ -458,9 +459,9 @@ class _Warpgroup:
           # Its slot was last read for piece i - 1, before that piece's store.
           c_ring.start(i + 1, c_gmem.at[0, *self.window(tile, i + 1)])
         val = val + c_ring.wait(i)[...].astype(jnp.float32) * self.prob.beta
-      if self.prob.mask_rows:
+      if self.prob.zero_rows:
         row = rows.start + plgpu.broadcasted_iota(i32, val.shape, 0, layout=plgpu.Layout.WGMMA)
-        val = jnp.where(row < tile.row_end, val, 0.0)
+        val = zero_unless(row < tile.row_end, val)
       stores.store(i, val, out_gmem.at[tile.out_group, rows, cols])
 
 
@@ -483,6 +484,13 @@ def _launch(cfg: HopperConfig, prob: _Problem, a, a_scale, b, b_scale, c, meta: 
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
   return kernel(a, a_scale, b, b_scale, c, meta)
+
+
+def _pad(cfg: HopperConfig, a, a_scale, b, c):
+  """pad_for_tma for this kernel: A-scales as given, rows padded to whole chunks."""
+  return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                     out_cols_multiple=64, transpose_a_scale=False,
+                     a_scale_rows_multiple=CHUNK_M)
 
 
 def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
@@ -520,9 +528,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: Hop
   c_in = c
   if split_k > 1:
     c = None  # each split writes float32 partials; c joins in the reduction below
-  ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                    out_cols_multiple=64, transpose_a_scale=False,
-                    a_scale_rows_multiple=CHUNK_M)
+  ops = _pad(cfg, a[None], a_scale[None], b[None], None if c is None else c[None])
   # A split's partial output has whole tiles of rows: the TMA stores of its
   # last row tile must not land in the next split's rows.
   split_rows = pl.cdiv(m, cfg.tile_m) * cfg.tile_m if split_k > 1 else ops.rows
@@ -530,10 +536,9 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: Hop
       m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n, grid_minor=cfg.grid_minor,
       group=cfg.group, k_blocks=k_blocks // split_k, split_k=split_k,
       cluster_m=cfg.cluster_m, cluster_n=cfg.cluster_n)
-  prob = _Problem(sched, recipe, k_blocks // split_k, float(beta), mask_rows=False)
-  out = _launch(cfg, prob, ops.a[None], ops.a_scale[None], ops.b[None],
-                _b_scale_for(recipe, b_scale[None], ops.out_cols),
-                None if ops.c is None else ops.c[None], {},
+  prob = _Problem(sched, recipe, k_blocks // split_k, float(beta))
+  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b,
+                _b_scale_for(recipe, b_scale[None], round_up(n, cfg.tile_n)), ops.c, {},
                 (split_k, split_rows, ops.out_cols), kernel_dtype)
   if split_k > 1:
     # One fused XLA reduction, in a fixed order (deterministic).
@@ -542,3 +547,44 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: Hop
       out = out + beta * c_in.astype(jnp.float32)
     return out.astype(out_dtype)
   return out[0, :m, :n]
+
+
+def _check_grouped(cfg: HopperConfig) -> HopperConfig:
+  cfg.check()
+  if cfg.split_k != 1 or cfg.cluster_m * cfg.cluster_n != 1:
+    raise ValueError("grouped GEMMs take no K splits and no clusters (split_k=1, "
+                     f"cluster_m=cluster_n=1), got {cfg}")
+  return cfg
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: HopperConfig):
+  """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
+  (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
+  cfg = _check_grouped(config)
+  m, k = a.shape
+  g, n, _ = b.shape
+  ops = _pad(cfg, a[None], a_scale[None], b, None)
+  starts, pass_group, tile_passes = sched_lib.ragged_tables(group_sizes, m, cfg.tile_m)
+  sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                                    grid_minor=cfg.grid_minor, group=cfg.group, num_groups=g)
+  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), mask_rows=True, zero_rows=True)
+  meta = dict(group_start=starts, pass_group=pass_group, tile_passes=tile_passes)
+  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None, meta,
+                (1, ops.rows, ops.out_cols), np.dtype(out_dtype))
+  return out[0, :m, :n]
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: HopperConfig):
+  """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g] rows
+  exist (the rest are stored as zeros). [G, M, N]."""
+  cfg = _check_grouped(config)
+  g, m, k = a.shape
+  n = b.shape[1]
+  ops = _pad(cfg, a, a_scale, b, None)
+  sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                                    grid_minor=cfg.grid_minor, group=cfg.group, groups=g)
+  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True)
+  rows = jnp.clip(masked_m.astype(i32), 0, m)
+  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,
+                dict(masked_m=rows), (g, ops.rows, ops.out_cols), np.dtype(out_dtype))
+  return out[:, :m, :n]

@@ -20,12 +20,12 @@ from jax_fp8.pallas.common import K_BLOCK, SCALE_N, SMEM_BYTES
 from jax_fp8.pallas.hopper import CHUNK_M, HopperConfig, kernel_dtypes
 
 
-def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int) -> bool:
+def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1) -> bool:
   """Whether every CTA runs >= 2 tiles and the ring wraps exactly at a tile's
   end: such tilings measured a smaller fixed cost per tile (the next tile's
   first loads fill a ring its predecessor leaves in step)."""
   units = (pl.cdiv(pl.cdiv(m, cfg.tile_m), cfg.cluster_m)
-           * pl.cdiv(pl.cdiv(n, cfg.tile_n), cfg.cluster_n) * cfg.split_k)
+           * pl.cdiv(pl.cdiv(n, cfg.tile_n), cfg.cluster_n) * cfg.split_k * groups)
   grid = min((cfg.num_sms or hopper.num_sms()) // (cfg.cluster_m * cfg.cluster_n), units)
   return (units >= 2 * grid
           and pl.cdiv(pl.cdiv(k, K_BLOCK) // cfg.split_k, cfg.k_step) % cfg.stages == 0)
@@ -188,7 +188,8 @@ def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> Hopper
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
-                   c_dtype=None, b_scale_rows: int = SCALE_N) -> HopperConfig:
+                   c_dtype=None, b_scale_rows: int = SCALE_N, groups: int = 1,
+                   grouped: bool = False) -> HopperConfig:
   """Tiling heuristic by shape (from H100 measurements of the DeepSeek-V3 shapes).
 
   - M <= 128 (decode): bandwidth-bound; with K >= 4096 and N too narrow to
@@ -209,7 +210,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   - the ring takes ~_RING_BYTES of SMEM; short K loops get wider epilogue stores.
   """
   num_sms = hopper.num_sms()
-  decode_split = _decode_split_k(m, n, k, num_sms)
+  decode_split = None if grouped else _decode_split_k(m, n, k, num_sms)
   k_blocks = pl.cdiv(k, K_BLOCK)
   if decode_split is not None:
     cfg = _with_epilogue(decode_split, out_dtype, k, c_dtype)
@@ -220,13 +221,13 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   if m <= 128:
     def cost(t):
       tm, tn, split, consumers, weight = t
-      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
+      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn) * groups
       # A chained tile's fixed part is about half: the next tile's loads run
       # under its epilogue (H100, 128x24576x1536: chained 128 x 64 tiles 506
       # TFLOP/s, unchained 128 x 256 457, which this model otherwise ties).
       ring = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                           stages=_ring_stages(tm, tn))
-      fixed = 16 if chains_tiles(ring, m, n, k) else 32
+      fixed = 16 if chains_tiles(ring, m, n, k, groups) else 32
       return (pl.cdiv(tiles, num_sms) * weight * (tn + fixed), -tm * tn)
     def allowed(t):
       tm, tn, _, consumers, _ = t
@@ -239,7 +240,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     max_stages = _ring_stages(tm, tn)
     # One wave of 128-row tiles over a long K: every CTA reads all of A, so
     # pairs of CTAs share it by multicast.
-    shared_a = (tm == 128 and k_blocks >= _SHARED_A_K_BLOCKS
+    shared_a = (not grouped and tm == 128 and k_blocks >= _SHARED_A_K_BLOCKS
                 and pl.cdiv(n, tn) <= num_sms)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m",
                        consumers=consumers, cluster_n=2 if shared_a else 1,
@@ -251,7 +252,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   else:
     def score(t):
       tm, tn, _, _, eff = t
-      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
+      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn) * groups
       padding = m / (pl.cdiv(m, tm) * tm) * n / (pl.cdiv(n, tn) * tn)
       return eff * padding * tiles / (pl.cdiv(tiles, num_sms) * num_sms)
     order = "n" if m >= 1024 else "m"
@@ -261,7 +262,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                                             consumers=consumers, grid_minor=order),
                                out_dtype, k, c_dtype)
       chained = _fit_stages(chained, out_dtype, c_dtype, max_stages=k_blocks)
-      if chains_tiles(chained, m, n, k):
+      if chains_tiles(chained, m, n, k, groups):
         return chained
     tiles = _LARGE_M_TILES
     if b_scale_rows == 1:
@@ -276,7 +277,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   cfg = _with_registers(cfg)
   if m > 128 and (tm, tn) == (128, 256) and k_blocks >= _LONG_K_BLOCKS:
     deep = _fit_stages(cfg, out_dtype, c_dtype, max_stages=_LONG_K_STAGES)
-    if deep.stages == _LONG_K_STAGES and chains_tiles(deep, m, n, k):
+    if deep.stages == _LONG_K_STAGES and chains_tiles(deep, m, n, k, groups):
       return deep
   return _fit_stages(cfg, out_dtype, c_dtype, max_stages=max_stages)
 
