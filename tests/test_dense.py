@@ -252,8 +252,8 @@ GPU_TOL = {np.dtype(BF16): testing.TOLERANCE[np.dtype(BF16)], np.dtype(F32): 2.5
 @requires_gpu()
 @pytest.mark.parametrize("x_dtype", [F32, BF16])
 def test_gpu_dense_matches_simulation_of_the_recipe(x_dtype):
-  # backend="auto" for all three GEMMs (the wgrad's per-row b scales run on the
-  # kernels that take b_scale_rows=1, else on the reference backend).
+  # backend="auto" for all three GEMMs: the GPU's Pallas kernel (per-row b scales
+  # for the wgrad).
   x, kernel, dy = _data(7, (2048, 1024), 768, x_dtype, F32)
   y, dx, dk = jax.jit(_fwd_bwd)(x, kernel, dy)
   wired = testing.dense_reference_f64(x, kernel, dy, testing.quantize_jnp)

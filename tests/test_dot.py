@@ -370,3 +370,13 @@ def test_grad_through_quantised_activations_points_to_dense():
   x = jax.random.normal(jax.random.key(4), ops.a.shape, F32)
   with pytest.raises(ValueError, match="use jax_fp8.dense"):
     jax.jit(jax.grad(f))(x)
+
+
+@pytest.mark.parametrize("backend", ["pallas_sm90", "pallas_sm100"])
+def test_per_row_b_scales_reach_the_pallas_kernels_in_interpret_mode(backend):
+  # The public API passes b_scale_rows=1 through to the kernels (GPU interpret mode).
+  ops = testing.random_operands(50, 70, 136, 300, b_scale_block=ROW, with_c=True)
+  f = lambda *xs: jax_fp8.blockwise_fp8_dot(*xs, beta=0.5, out_dtype=F32, backend=backend,
+                                            b_scale_block=ROW)
+  out = testing.run_in_gpu_interpret_mode(f, *ops.args())
+  testing.assert_close(out, testing.reference_f64(*ops.args(), beta=0.5, b_scale_block=ROW), F32)
