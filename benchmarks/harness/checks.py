@@ -62,7 +62,7 @@ def to_device_f64(tree):
 class HostReferences:
   """References computed with numpy on the host in a background thread.
 
-  compute(contract, host_set) -> np.ndarray; to_host(input_set) -> host_set.
+  compute(contract, host_set, case) -> np.ndarray; to_host(input_set) -> host_set.
   """
 
   def __init__(self, compute, to_host):
@@ -71,15 +71,15 @@ class HostReferences:
     self._cpu = jax.devices("cpu")[0]
     self._futures, self._device = {}, {}
 
-  def submit(self, key, input_set, contracts):
+  def submit(self, case, input_set, contracts):
     host = self._to_host(input_set)
     for contract in contracts:
-      self._futures[(key, contract)] = self._pool.submit(self._run, contract, host)
+      self._futures[(case.label, contract)] = self._pool.submit(self._run, contract, host, case)
 
-  def _run(self, contract, host):
+  def _run(self, contract, host, case):
     # On the host CPU device: no kernel may land on the GPU while CUPTI records.
     with jax.default_device(self._cpu):
-      return self._compute(contract, host)
+      return self._compute(contract, host, case)
 
   def wait(self, key):
     for (k, _), future in list(self._futures.items()):
@@ -108,17 +108,18 @@ class HostReferences:
 class DeviceReferences:
   """References computed in float64 on the default device when submitted.
 
-  compute(contract, input_set) -> array or pytree, called under jax.enable_x64.
+  compute(contract, input_set, case) -> array or pytree, called under jax.enable_x64.
   """
 
   def __init__(self, compute):
     self._compute = compute
     self._refs = {}
 
-  def submit(self, key, input_set, contracts):
+  def submit(self, case, input_set, contracts):
     with jax.enable_x64(True):
       for contract in contracts:
-        self._refs[(key, contract)] = jax.block_until_ready(self._compute(contract, input_set))
+        self._refs[(case.label, contract)] = jax.block_until_ready(
+            self._compute(contract, input_set, case))
 
   def wait(self, key):
     del key  # computed when submitted

@@ -21,7 +21,8 @@ class UsageError(Exception):
   """A bad flag value: printed as one line (no help text), exit status 1."""
 
 
-def define_common_flags(*, check_default: bool = False, interpret: bool = False):
+def define_common_flags(*, check_default: bool = False, interpret: bool = False,
+                        check_max_gflop: float = 1000.0):
   """--backends, --iters, ... (--shapes / --cases are each script's own)."""
   flags.DEFINE_string("backends", "default", "comma list of contenders (see the module "
                       "help), all, or default")
@@ -31,8 +32,8 @@ def define_common_flags(*, check_default: bool = False, interpret: bool = False)
                        "(operands + output), so data does not sit in L2; 0: one set")
   flags.DEFINE_integer("max_sets", 8, "at most this many input sets")
   flags.DEFINE_bool("check", check_default, "compare each result with the float64 reference")
-  flags.DEFINE_float("check_max_gflop", 1000.0, "--check skips cases above this many GFLOP "
-                     "(the float64 reference's cost)")
+  flags.DEFINE_float("check_max_gflop", check_max_gflop, "--check skips cases above this "
+                     "many GFLOP (the float64 reference's cost)")
   if interpret:
     flags.DEFINE_bool("interpret", False, "run the Pallas backends in GPU interpret mode on "
                       "the CPU (correctness only, no timing; implies --check) at shapes up to "

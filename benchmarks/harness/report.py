@@ -76,8 +76,7 @@ def header(peers, layout: Layout) -> list:
 def _cells(row: Row, peers, layout: Layout, default_contract) -> list:
   name = row.backend if row.resolved in (None, row.backend) else f"{row.backend}={row.resolved}"
   if row.status in ("unavailable", "error", "skipped"):
-    word = "skipped" if row.status == "skipped" else "unavailable"
-    return [row.case, name, f"{word}: {row.reason}"]
+    return [row.case, name, f"{row.status}: {row.reason}"]
   if row.status == "pending":
     return [row.case, name, "pending"]
   cells = [row.case, name, _fmt(row.ms, ".4f"), _rate(row.tflops) or "-"]
@@ -96,10 +95,13 @@ def _cells(row: Row, peers, layout: Layout, default_contract) -> list:
   return cells
 
 
-def format_table(rows, peers, layout: Layout = Layout(), default_contract="blockwise",
+def format_table(rows, peers, layout: Layout = Layout(), contracts=None,
                  with_header=True) -> str:
+  """contracts: case label -> the case's contract; a row checked against another one
+  says so in its rel_err column."""
   head = header(peers, layout)
-  body = [_cells(r, peers, layout, default_contract) for r in rows]
+  contracts = contracts or {}
+  body = [_cells(r, peers, layout, contracts.get(r.case, r.contract)) for r in rows]
   mins = layout.min_widths
   widths = [max(len(h), mins[i] if i < len(mins) else 0) for i, h in enumerate(head)]
   for cells in body:

@@ -68,7 +68,7 @@ class Workload:
   references: Callable          # () -> checks.HostReferences | checks.DeviceReferences
   title: str                    # the plot's title, before the device
   layout: report.Layout = report.Layout()
-  default_contract: str = "default"   # not named in the rel_err column
+  ratio_peers: tuple | None = None    # peers with a vs_<peer> column (None: every peer)
   metadata: Callable = lambda opts: {}  # opts -> JSON fields after "method"
   intro: Callable = lambda opts, env: []  # opts, env -> lines that say what is measured
 
@@ -138,7 +138,7 @@ def _check(row: Row, c: Contender, out, ref):
 
 def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
   reg = workload.registry
-  peers = [p for p in reg.peers() if p in opts.backends]
+  peers = [p for p in (workload.ratio_peers or reg.peers()) if p in opts.backends]
   jax_names, torch_names = _ordered(workload, opts.backends)
   refs = workload.references() if opts.check else None
   kept = {}  # case label -> host reference, for the torch rows
@@ -149,8 +149,8 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
   layout = dataclasses.replace(workload.layout, rel_err=opts.check)
   method = timing.method_text(env.on_gpu, opts.iters, opts.warmup, opts.rotate_mb,
                               opts.max_sets)
-  table = lambda rs, **kw: report.format_table(  # noqa: E731
-      rs, peers, layout, workload.default_contract, **kw)
+  contracts = {c.label: c.contract for c in opts.cases}
+  table = lambda rs, **kw: report.format_table(rs, peers, layout, contracts, **kw)  # noqa: E731
 
   for line in workload.intro(opts, env):
     log(line)
@@ -216,7 +216,7 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
       case_rows, ready = [], {}
       for name in [n for n in jax_names if reg.applies(n, case)]:
         row = Row(case.label, dict(case.dims), name, input_sets=n_sets,
-                  is_kernel=reg[name].role == "backend")
+                  contract=case.contract, is_kernel=reg[name].role == "backend")
         rows.append(row)
         case_rows.append(row)
         try:
@@ -231,9 +231,9 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
       case_torch = [n for n in torch_names if reg.applies(n, case)]
       t_ref = time.perf_counter()
       if checkable(case):
-        contracts = {c.contract for c in ready.values()} | ({case.contract} if case_torch
-                                                            else set())
-        refs.submit(case.label, sets[0], sorted(contracts))
+        needed = {c.contract for c in ready.values()} | ({case.contract} if case_torch
+                                                         else set())
+        refs.submit(case, sets[0], sorted(needed))
       t_ref = time.perf_counter() - t_ref
       outs = {}
       for row in case_rows:
@@ -264,8 +264,8 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
         emit(row)
       del outs
       for name in case_torch:
-        rows.append(Row(case.label, dict(case.dims), name, status="pending",
-                        input_sets=n_sets, is_kernel=reg[name].role == "backend"))
+        rows.append(Row(case.label, dict(case.dims), name, status="pending", input_sets=n_sets,
+                        contract=case.contract, is_kernel=reg[name].role == "backend"))
       if case_torch and checkable(case):
         kept[case.label] = refs.host(case.label, case.contract)
       if refs is not None:

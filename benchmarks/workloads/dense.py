@@ -232,7 +232,7 @@ def default_backends(env, interpret: bool) -> list[str]:
 # ---- references -----------------------------------------------------------------------
 
 def _reference(opts: Options):
-  def compute(contract, host):
+  def compute(contract, host, case_):
     a, sa, b, sb = host
     if contract == "tensorwise":
       ta, tb = tensor_scales(opts)
@@ -257,7 +257,7 @@ def workload(opts: Options) -> runner.Workload:
   return runner.Workload(
       name="blockwise_dot", registry=REGISTRY, make_sets=make_sets,
       references=lambda: _reference(opts), title="blockwise FP8 matmul",
-      layout=report.Layout(), default_contract="blockwise",
+      layout=report.Layout(),
       metadata=lambda o: {"out_dtype": np.dtype(o.out_dtype).name,
                           "tensorwise_scales": o.tensorwise_scales},
       intro=intro)
