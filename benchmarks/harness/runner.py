@@ -143,7 +143,6 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
   refs = workload.references() if opts.check else None
   kept = {}  # case label -> host reference, for the torch rows
   rows: list[Row] = []
-  made: dict = {}  # (case label, name) -> Contender, for the checks
   notes: list[str] = []
   t_start = time.perf_counter()
   layout = dataclasses.replace(workload.layout, rel_err=opts.check)
@@ -172,9 +171,10 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
   def checkable(case):
     return opts.check and case.flops / 1e9 <= opts.check_max_gflop
 
-  def not_checked(row):
+  def not_checked(row, case):
     if opts.check and row.status in ("ok", "interpret") and row.check is None:
-      row.check = f"not checked: 2MNK > --check_max_gflop={opts.check_max_gflop:g}"
+      row.check = (f"not checked: {case.flops / 1e9:.0f} GFLOP > "
+                   f"--check_max_gflop={opts.check_max_gflop:g}")
 
   def failed_rows():
     return [r for r in rows if r.is_kernel and r.check and r.check.startswith("FAIL")]
@@ -225,7 +225,6 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
             c.contract = case.contract
           row.resolved, row.contract, row.extra = c.resolved, c.contract, dict(c.extra)
           ready[name] = c
-          made[(case.label, name)] = c
         except _UNAVAILABLE as e:
           _unavailable(row, e)
       case_torch = [n for n in torch_names if reg.applies(n, case)]
@@ -260,7 +259,7 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
             _check(row, ready[row.backend], out0, refs.device(case.label, row.contract))
           except Exception as e:  # noqa: BLE001
             row.check = f"check failed to run: {timing.short_error(e)}"
-        not_checked(row)
+        not_checked(row, case)
         emit(row)
       del outs
       for name in case_torch:
@@ -279,8 +278,13 @@ def run(workload: Workload, opts: Options, env: Env, log=print) -> dict:
     # torch after every JAX CUPTI timing (see timing.py).
     cases = {c.label: c for c in opts.cases}
     for row in [r for r in rows if r.status == "pending"]:
+      if over_budget():
+        notes.append(f"--time_budget_s={opts.time_budget_s:g} reached: torch contenders not "
+                     f"run from {row.backend} at {row.case} on")
+        log(f"# {notes[-1]}")
+        break
       _torch_row(workload, row, cases[row.case], kept.get(row.case), opts, env)
-      not_checked(row)
+      not_checked(row, cases[row.case])
       emit(row)
   except (Terminated, KeyboardInterrupt) as e:
     notes.append(f"interrupted ({type(e).__name__}): the results are partial")

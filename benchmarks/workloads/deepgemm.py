@@ -163,6 +163,8 @@ def masked(env, expected_m: int):
   def result(d, masked_m_host):
     rows = torch.arange(d.shape[1], device=d.device)
     counts = torch.tensor(masked_m_host, device=d.device)
-    return d * (rows[None, :] < counts[:, None])[..., None].to(d.dtype)
+    keep = (rows[None, :] < counts[:, None])[..., None]
+    # where, not d * keep: an unwritten row may hold NaN, and NaN * 0 is NaN.
+    return torch.where(keep, d, torch.zeros((), dtype=d.dtype, device=d.device))
 
   return fn, prepare, result

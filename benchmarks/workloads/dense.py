@@ -93,7 +93,8 @@ def _make_set(key, m, n, k):
 
 def make_sets(case_: runner.Case, count: int, seed: int) -> list[InputSet]:
   m, n, k = case_.params
-  base = common.case_key(seed, m, n, k)
+  # The operands of every earlier version of this benchmark (alternate.py compares trees).
+  base = jax.random.fold_in(jax.random.key(seed), (m * 1_000_003 + n * 1009 + k) % (2**31))
   return [InputSet(*_make_set(jax.random.fold_in(base, i), m, n, k)) for i in range(count)]
 
 
