@@ -14,7 +14,10 @@ one case as contiguous:GxROWSxNxK[:unaligned] or masked:GxROWSxNxK.
 Contenders (--backends, comma list):
   jax_fp8     reference, pallas_sm90, pallas_sm100, pallas (this GPU's), auto:
               jax_fp8.blockwise_fp8_ragged_dot / blockwise_fp8_masked_dot
-              (unavailable, with the reason, while jax_fp8 lacks them)
+              (unavailable, with the reason, while jax_fp8 lacks them);
+              pallas_direct: this GPU's Pallas kernel as jax_fp8.backends.select
+              returns it (the backend's 2-D ragged_dot / masked_dot), the kernels
+              before the public ops exist
   peers       ragged_dot_bf16       jax.lax.ragged_dot in bf16 on the dequantised data
               ragged_dot_mgpu_bf16  JAX's Pallas Mosaic GPU ragged_dot kernel in bf16
                                     (block_m x block_n x block_k x steps x grid_block_n
@@ -23,7 +26,7 @@ Contenders (--backends, comma list):
               bf16_batched          masked layout: a batched bf16 dot over the capacity
               deepgemm              DeepGEMM's m_grouped_fp8_gemm_nt_contiguous /
                                     _masked where `import deep_gemm` works
-  all         every one; default on a GPU (+ auto). On the CPU: reference,
+  all         every one; default on a GPU (+ auto, pallas_direct). On the CPU: reference,
               ragged_dot_bf16, dense_per_group, bf16_batched.
 
 TFLOP/s counts real rows only; GB/s the bytes the FP8 problem must move (the

@@ -13,9 +13,11 @@ Contenders (--backends, comma list):
   jax_fp8      step: jax_fp8.dense; wgrad: blockwise_fp8_dot(..., b_scale_block=(1, 128))
                (unavailable, with the reason, while jax_fp8 lacks them)
   jax_fp8_acc  wgrad with c (beta=1), accumulating into a float32 gradient
+  pallas_direct  wgrad: this GPU's Pallas kernel with per-row b scales as
+               jax_fp8.backends.select returns it (before the public op has them)
   bf16         step: bf16 x @ kernel and its jax.grad; wgrad: a bf16 dot, float32 out
   deepgemm     wgrad: DeepGEMM's 1D1D fp8_gemm_nt where `import deep_gemm` works
-  all          every one (default on a GPU).
+  all          every one (default on a GPU, + pallas_direct).
 
 A step's time is the sum of the kernel times of one step (CUPTI); timing,
 rotation past the L2, the order of torch peers and the exit status are those of

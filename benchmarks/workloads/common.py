@@ -46,9 +46,12 @@ def pallas_backend(env) -> str:
                     f"({', '.join(backends.PALLAS)})")
 
 
-def needs_gpu_or_interpret(name: str, env, interpret: bool):
-  """An explicit Pallas kernel without a GPU runs only in GPU interpret mode."""
+def needs_gpu_or_interpret(name: str, env, interpret: bool | None):
+  """An explicit Pallas kernel without a GPU runs only in GPU interpret mode
+  (interpret None: the script has no --interpret)."""
   if not env.on_gpu and not interpret and name in backends.PALLAS:
+    if interpret is None:
+      raise Unavailable(f"{name} needs an NVIDIA GPU")
     raise Unavailable(f"{name} needs an NVIDIA GPU; on the CPU, --interpret runs it in GPU "
                       "interpret mode (correctness only, no timing)")
 

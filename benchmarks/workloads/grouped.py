@@ -34,6 +34,7 @@ from harness import runner
 from harness.registry import Contender, Registry, Unavailable
 from workloads import common
 from workloads import deepgemm
+from workloads import dense
 
 BF16 = np.dtype(jnp.bfloat16)
 EXPERT_NK = ((4096, 7168), (7168, 2048))
@@ -193,7 +194,7 @@ def _jax_fp8(name, case, opts, env) -> Contender:
   api_name, op = _OPS[g.layout]
   fn_api = common.api(api_name, "issue 20")
   backend = common.pallas_backend(env) if name == "pallas" else name
-  common.needs_gpu_or_interpret(backend, env, interpret=False)
+  common.needs_gpu_or_interpret(backend, env, interpret=None)
   resolved = backend
   if backend == "auto":
     try:
@@ -205,7 +206,9 @@ def _jax_fp8(name, case, opts, env) -> Contender:
       a, sa, b, sb, counts, out_dtype=jnp.bfloat16, backend=backend)
   prepare = lambda s: (s.a, s.a_scale, s.b, s.b_scale, _counts(s))  # noqa: E731
   bound = GPU_BF16_BOUND if env.on_gpu else testing.TOLERANCE[BF16]
-  return Contender(fn, prepare, bound=bound, resolved=resolved)
+  # The reference's float32 dots: cuBLAS, without XLA's slow Triton autotuning (dense.py).
+  options = dense.CUBLAS_ONLY if env.on_gpu and resolved == "reference" else None
+  return Contender(fn, prepare, bound=bound, resolved=resolved, compiler_options=options)
 
 
 for _name in ("reference", *backends.PALLAS):
@@ -215,6 +218,24 @@ REGISTRY.add("pallas", "the Pallas kernel of this GPU's generation", role="backe
              in_all=False)(functools.partial(_jax_fp8, "pallas"))
 REGISTRY.add("auto", 'whatever backend="auto" selects', role="backend", in_all=False)(
     functools.partial(_jax_fp8, "auto"))
+
+
+@REGISTRY.add("pallas_direct", "this GPU's Pallas kernel called as jax_fp8.backends.select "
+              "returns it (the backend's 2-D ragged_dot / masked_dot): the kernels before "
+              "the public ops exist", role="backend", in_all=False)
+def _pallas_direct(case, opts, env) -> Contender:
+  g: Groups = case.params
+  backend = common.pallas_backend(env)
+  common.needs_gpu_or_interpret(backend, env, interpret=None)
+  try:
+    name, kernel = backends.select(env.platform, backend, _OPS[g.layout][1], m=g.rows, n=g.n,
+                                   k=g.k, out_dtype=BF16, has_c=False)
+  except jax_fp8.BackendUnavailableError as e:
+    raise Unavailable(str(e)) from e
+  fn = lambda a, sa, b, sb, counts: kernel(a, sa, b, sb, counts,  # noqa: E731
+                                           out_dtype=jnp.bfloat16)
+  prepare = lambda s: (s.a, s.a_scale, s.b, s.b_scale, _counts(s))  # noqa: E731
+  return Contender(fn, prepare, bound=GPU_BF16_BOUND, resolved=name)
 
 
 @REGISTRY.add("ragged_dot_bf16", "jax.lax.ragged_dot in bf16 on the dequantised data (what JAX "
@@ -290,7 +311,7 @@ def _deepgemm(case, opts, env) -> Contender:
 
 def default_backends(env) -> list[str]:
   if env.on_gpu:
-    return list(REGISTRY.all()) + ["auto"]
+    return list(REGISTRY.all()) + ["auto", "pallas_direct"]
   return ["reference", "ragged_dot_bf16", "dense_per_group", "bf16_batched"]
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 import jax_fp8
+from jax_fp8 import backends
 from jax_fp8 import testing
 from harness import checks
 from harness import report
@@ -174,6 +175,23 @@ def _jax_fp8_acc(case, opts, env) -> Contender:
                    bound=_f32_bound(env))
 
 
+@REGISTRY.add("pallas_direct", "wgrad: this GPU's Pallas kernel with per-row b scales, called as "
+              "jax_fp8.backends.select returns it (b_scale_rows=1): the kernel before the "
+              "public op takes b_scale_block", role="backend", applies=_is_wgrad, in_all=False)
+def _pallas_direct(case, opts, env) -> Contender:
+  s: Shape = case.params
+  backend = common.pallas_backend(env)
+  common.needs_gpu_or_interpret(backend, env, interpret=None)
+  try:
+    name, kernel = backends.select(env.platform, backend, m=s.k, n=s.n, k=s.tokens,
+                                   out_dtype=F32, has_c=False, b_scale_rows=1)
+  except (jax_fp8.BackendUnavailableError, TypeError) as e:
+    raise Unavailable(str(e)) from e
+  fn = lambda a, sa, b, sb: kernel(a, sa, b, sb, None, beta=1.0,  # noqa: E731
+                                   out_dtype=jnp.float32, b_scale_rows=1)
+  return Contender(fn, _wgrad_args, bound=GPU_F32_BOUND, resolved=name)
+
+
 @REGISTRY.add("bf16", "step: x @ kernel in bf16 with its jax.grad; wgrad: a bf16 dot of the "
               "dequantised operands, float32 out")
 def _bf16(case, opts, env) -> Contender:
@@ -199,7 +217,9 @@ def _f32_bound(env):
 
 
 def default_backends(env) -> list[str]:
-  return list(REGISTRY.all()) if env.on_gpu else ["jax_fp8", "jax_fp8_acc", "bf16"]
+  if env.on_gpu:
+    return list(REGISTRY.all()) + ["pallas_direct"]
+  return ["jax_fp8", "jax_fp8_acc", "bf16"]
 
 
 # ---- references ---------------------------------------------------------------------
