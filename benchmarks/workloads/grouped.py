@@ -70,14 +70,16 @@ class Groups:
 
 
 def _contiguous_sizes(rng, groups, total, aligned) -> tuple:
-  """Random sizes in [0.7, 1.3] x total / groups, summing to total (multiples of 128 if
-  aligned)."""
+  """Random sizes in about [0.7, 1.3] x total / groups, summing to total; aligned:
+  multiples of 128 (but the last, where total is not one)."""
   unit = common.BLOCK if aligned else 1
   w = rng.uniform(0.7, 1.3, groups)
   units = np.floor(w / w.sum() * (total // unit)).astype(int)
   for i in rng.permutation(groups)[:total // unit - units.sum()]:
     units[i] += 1
-  return tuple(int(u) * unit for u in units)
+  sizes = [int(u) * unit for u in units]
+  sizes[-1] += total - sum(sizes)
+  return tuple(sizes)
 
 
 def _masked_counts(rng, groups, nominal, capacity) -> tuple:
