@@ -44,12 +44,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, scheduler as sched_lib
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, round_up,
-                                   tiled, unsupported_reason)
+from jax_fp8.pallas import device, problem, quant_math
+from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
+                                   unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
-from jax_fp8.pallas.recipe import BLOCK_128, ScaleRecipe, recipe_for, zero_unless
+from jax_fp8.pallas.recipe import zero_unless
 
 TMEM_COLS = 512        # f32 columns of TMEM per SM
 TMA_WARP, MMA_WARP, EPI_LOAD_WARP = 0, 1, 2
@@ -113,33 +113,24 @@ def num_sms() -> int:
   return device.num_sms(default=148)  # B200
 
 
-@dataclasses.dataclass(frozen=True)
-class _Problem:
-  """What the kernel body needs besides the config: static shapes and choices."""
-  scheduler: object
-  recipe: ScaleRecipe
-  k_blocks: int
-  beta: float = 1.0
-  mask_rows: bool = False   # a K pass changes only its rows (ragged groups)
-  zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
-
-
-def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
-            cfg: BlackwellConfig, prob: _Problem):
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
+            cfg: BlackwellConfig, prob: problem.Problem):
   """One CTA. Shapes: a [Ga, rows, K], as [Ga, kb, rows] (transposed), b [Gb, N', K],
-  bs [Gb, nb, kb] or (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None,
-  out [Go, rows, cols]."""
+  bs [Gb, nb, kb] or (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None; outs:
+  out [Go, rows, cols] (FP8 output: and its scales [Go, cols / 128, rows'])."""
+  out_gmem = outs[0] if len(outs) == 1 else outs
   tile_m, tile_n, epi_n = cfg.tile_m, cfg.tile_n, cfg.epi_tile_n
   k_blocks = prob.k_blocks
   n_pieces = tile_n // epi_n
   sched = dataclasses.replace(prob.scheduler, **meta)
   fp8 = a_gmem.dtype
+  out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   scratch = dict(
       a_smem=plgpu.SMEM((cfg.input_stages, tile_m, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((cfg.input_stages, tile_n, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
       as_smem=plgpu.SMEM((cfg.input_stages, 1, tile_m), jnp.float32),
-      out_smem=plgpu.SMEM((cfg.out_slots, tile_m, epi_n), out_gmem.dtype,
-                          transforms=tiled(out_gmem.dtype, epi_n)),
+      out_smem=plgpu.SMEM((cfg.out_slots, tile_m, epi_n), out_dtype,
+                          transforms=tiled(out_dtype, epi_n)),
       acc_tmem=plgpu.TMEM((tile_m, cfg.tmem_stages * tile_n), jnp.float32),
       # Input ring: full = 3 TMA copies (A, B, A-scales); empty = 2 releases (the
       # MMA's completion for A/B, the epilogue for the A-scales), tensor-core ordered.
@@ -280,6 +271,7 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
     else:
       step, acc = lax.fori_loop(i32(0), tile.passes, pass_body, (step, acc))
 
+    vals = []
     for p, val in enumerate(acc):
       if epi_load is not None:
         with epi_load.consume(i * n_pieces + p) as st:
@@ -288,104 +280,96 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
       if prob.zero_rows:
         rows = tile.m0 + plgpu.broadcasted_iota(i32, val.shape, 0, layout=layout)
         val = zero_unless(rows < tile.row_end, val)
-      stores.store(p, val, out_gmem.at[tile.out_group, pl.ds(tile.m0, tile_m),
-                                       pl.ds(tile.n0 + p * epi_n, epi_n)])
+      vals.append(val)
+    dst = out_gmem
+    if prob.quantize_out:
+      dst, s_gmem = out_gmem
+
+      def store_scale(group, scale):
+        nb = lax.div(tile.n0, i32(SCALE_N)) + group
+        s_gmem.at[tile.out_group, nb, pl.ds(tile.m0, tile_m)][...] = scale
+      vals = quantize_pieces(vals, epi_n, prob.power_of_two, store_scale)
+    for p, val in enumerate(vals):
+      stores.store(p, val, dst.at[tile.out_group, pl.ds(tile.m0, tile_m),
+                                  pl.ds(tile.n0 + p * epi_n, epi_n)])
     return step
 
   lax.fori_loop(i32(0), local_units, tile_body, i32(0))
   OutputStores.finish()
 
 
-def _launch(cfg: BlackwellConfig, prob: _Problem, a, a_scale_t, b, b_scale, c, meta: dict,
-            out_shape: tuple, out_dtype):
-  """Runs the kernel on operands that carry their leading group axes."""
-  smem = cfg.smem_bytes(out_dtype, None if c is None else c.dtype)
+def quantize_pieces(vals, epi_n: int, power_of_two: bool, store_scale):
+  """FP8 output: the pieces of each 128-column group (one thread per row holds
+  a row's values) quantised with the group's row scales; store_scale(group,
+  scales) writes the scales. Returns the e4m3 pieces."""
+  per_group = SCALE_N // epi_n
+  out = []
+  for g in range(0, len(vals), per_group):
+    group = vals[g:g + per_group]
+    amaxes = [quant_math.row_amax(v) for v in group]
+    # A hardware max drops NaNs: a group's amax is NaN where any piece's is.
+    amax = functools.reduce(jnp.maximum, amaxes)
+    nan = functools.reduce(jnp.logical_or, [a != a for a in amaxes])
+    amax = jnp.where(nan, jnp.full_like(amax, jnp.nan), amax)
+    scale = quant_math.scale_from_amax(amax, power_of_two)
+    store_scale(g // per_group, scale)
+    out += [quant_math.quantize(v, lax.broadcast_in_dim(scale, v.shape, [0])) for v in group]
+  return out
+
+
+def _run(cfg: BlackwellConfig, launch: problem.Launch):
+  """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
+  c = launch.args[4]
+  smem = cfg.smem_bytes(launch.out_dtype, None if c is None else c.dtype)
   if smem > SMEM_BYTES:
     raise ValueError(f"config needs ~{smem} bytes of shared memory (> {SMEM_BYTES}): lower "
                      "input_stages, c_stages, epi_tile_n or tile_n")
-  grid = min(cfg.num_ctas or num_sms(), prob.scheduler.num_units)
+  grid = min(cfg.num_ctas or num_sms(), launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, prob=prob),
-      out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+      functools.partial(_kernel, cfg=cfg, prob=launch.problem),
+      out_type=launch.out_type,
       grid=(grid,),
       grid_names=("sm",),
       num_threads=2,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  return kernel(a, a_scale_t, b, b_scale, c, meta)
+  return launch.finish(kernel(*launch.args))
 
 
-def _pad(cfg: BlackwellConfig, a, a_scale, b, c):
-  """pad_for_tma for this kernel: A-scales transposed (TMA boxes of a tile's rows)."""
-  return pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
-                     tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
-
-
-def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
-  """b_scale [G, nb, kb] as given (128x128), or per-row [G, N, kb] transposed to
-  [G, kb, n_cols] (zero-padded) so that a piece's scales are one contiguous load."""
-  if not recipe.per_row_b:
-    return b_scale.astype(jnp.float32)
-  bs = jnp.swapaxes(b_scale.astype(jnp.float32), 1, 2)
-  return jnp.pad(bs, ((0, 0), (0, 0), (0, n_cols - bs.shape[2])))
+def _tiling(cfg: BlackwellConfig) -> problem.Tiling:
+  cfg.check()
+  # The A-scales go through the TMA ring transposed: a tile's rows are one box.
+  def pad(a, a_scale, b, c, out_dtype):
+    del out_dtype  # every output dtype's pieces are epi_tile_n columns
+    return pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
+                       tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
+  return problem.Tiling(cfg.tile_m, cfg.tile_n, pad)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: BlackwellConfig,
-                      b_scale_rows=SCALE_N):
-  """2-D blockwise FP8 matmul with the tiling `config` (sm100.py chooses one)."""
-  out_dtype = np.dtype(out_dtype)
+                      b_scale_rows=SCALE_N, power_of_two_scales=False):
+  """2-D blockwise FP8 matmul with the tiling `config` (sm100.py chooses one).
+  out_dtype float8_e4m3fn: returns (q, scale), quantised 1x128 in the epilogue."""
   m, k = a.shape
-  n = b.shape[0]
-  reason = unsupported_reason("blockwise_fp8_dot", m, n, k, out_dtype=out_dtype,
-                              has_c=c is not None)
+  reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
+                              has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
-  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
-    c = c.astype(jnp.float32)
-  recipe = recipe_for(b_scale_rows)
-  cfg = config
-  cfg.check()
-  k_blocks = pl.cdiv(k, K_BLOCK)
-  ops = _pad(cfg, a[None], a_scale[None], b[None], None if c is None else c[None])
-  sched = sched_lib.DenseScheduler(m=ops.rows, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                                   grid_minor="n", group=8, k_blocks=k_blocks)
-  prob = _Problem(sched, recipe, k_blocks, float(beta))
-  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b,
-                _b_scale_for(recipe, b_scale[None], round_up(n, cfg.tile_n)), ops.c, {},
-                (1, ops.rows, ops.out_cols), out_dtype)
-  return out[0, :m, :n]
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows,
+                                    power_of_two_scales=power_of_two_scales))
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: BlackwellConfig):
   """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
   (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
-  cfg = config
-  cfg.check()
-  m, k = a.shape
-  g, n, _ = b.shape
-  ops = _pad(cfg, a[None], a_scale[None], b, None)
-  starts, pass_group, tile_passes = sched_lib.ragged_tables(group_sizes, m, cfg.tile_m)
-  sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                                    num_groups=g)
-  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), mask_rows=True, zero_rows=True)
-  meta = dict(group_start=starts, pass_group=pass_group, tile_passes=tile_passes)
-  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None, meta,
-                (1, ops.rows, ops.out_cols), np.dtype(out_dtype))
-  return out[0, :m, :n]
+  return _run(config, problem.ragged(_tiling(config), a, a_scale, b, b_scale, group_sizes,
+                                     out_dtype=out_dtype))
 
 
 def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: BlackwellConfig):
   """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g] rows
   exist (the rest are stored as zeros). [G, M, N]."""
-  cfg = config
-  cfg.check()
-  g, m, k = a.shape
-  n = b.shape[1]
-  ops = _pad(cfg, a, a_scale, b, None)
-  sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n, groups=g)
-  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True)
-  rows = jnp.clip(masked_m.astype(i32), 0, m)
-  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,
-                dict(masked_m=rows), (g, ops.rows, ops.out_cols), np.dtype(out_dtype))
-  return out[:, :m, :n]
+  return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
+                                     out_dtype=out_dtype))

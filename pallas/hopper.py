@@ -41,11 +41,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, scheduler as sched_lib
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, round_up,
-                                   tiled, unsupported_reason)
+from jax_fp8.pallas import device, problem, quant_math
+from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, pad_for_tma, tiled,
+                                   unsupported_reason)
 from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline
-from jax_fp8.pallas.recipe import BLOCK_128, ScaleRecipe, recipe_for, zero_unless
+from jax_fp8.pallas.recipe import zero_unless
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
 i32 = jnp.int32
@@ -196,34 +196,26 @@ def num_sms() -> int:
 
 # ----------------------------------------------------------------------------- the kernel
 
-@dataclasses.dataclass(frozen=True)
-class _Problem:
-  """What the kernel body needs besides the config: static shapes and choices."""
-  scheduler: sched_lib.DenseScheduler | sched_lib.MaskedScheduler | sched_lib.RaggedScheduler
-  recipe: ScaleRecipe
-  k_blocks: int          # K blocks of one unit (one K split)
-  beta: float = 1.0
-  mask_rows: bool = False   # a K pass changes only its rows (ragged groups)
-  zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
-
-
-def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
-            cfg: HopperConfig, prob: _Problem):
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
+            cfg: HopperConfig, prob: problem.Problem):
   """One CTA. Shapes (every operand carries a leading group axis):
   a [Ga, rows, K], as [Ga, scale_rows, kb], b [Gb, N', K], bs [Gb, nb, kb] or
-  (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None, out [Go, rows, cols]."""
+  (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None; outs: out [Go, rows, cols]
+  (FP8 output: and its scales [Go, cols / 128, rows'])."""
+  out_gmem = outs[0] if len(outs) == 1 else outs
   consumers, stages, k_step = cfg.consumers, cfg.stages, cfg.k_step
   tile_m, tile_n, step_k = cfg.tile_m, cfg.tile_n, K_BLOCK * cfg.k_step
   k_steps = pl.cdiv(prob.k_blocks, k_step)
   cluster_axes = ("cluster",) if cfg.cluster_m * cfg.cluster_n > 1 else ()
   sched = dataclasses.replace(prob.scheduler, **meta)  # its metadata refs (grouped)
+  out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   fp8 = a_gmem.dtype
   cm, cn = cfg.chunk()
   scratch = dict(
       a_smem=plgpu.SMEM((stages, tile_m, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
-      out_smem=plgpu.SMEM((consumers, cfg.out_slots(), cm, cfg.epi_tile_n), out_gmem.dtype,
-                          transforms=tiled(out_gmem.dtype, cfg.epi_tile_n)),
+      out_smem=plgpu.SMEM((consumers, cfg.out_slots(), cm, cfg.epi_tile_n), out_dtype,
+                          transforms=tiled(out_dtype, cfg.epi_tile_n)),
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=2, empty_arrivals=consumers,
                                           cluster_axes=cluster_axes),
   )
@@ -309,7 +301,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
 class _Warpgroup:
   """A consumer warpgroup's part of the tile and what it does with it."""
   cfg: HopperConfig
-  prob: _Problem
+  prob: problem.Problem
   wg: object
   as_gmem: object
   bs_gmem: object
@@ -462,19 +454,25 @@ class _Warpgroup:
       if self.prob.zero_rows:
         row = rows.start + plgpu.broadcasted_iota(i32, val.shape, 0, layout=plgpu.Layout.WGMMA)
         val = zero_unless(row < tile.row_end, val)
-      stores.store(i, val, out_gmem.at[tile.out_group, rows, cols])
+      dst = out_gmem
+      if self.prob.quantize_out:
+        # FP8 output: a piece is a whole 128-column chunk, one 1x128 group per row.
+        dst, s_gmem = out_gmem
+        scale = quant_math.scale_from_amax(quant_math.row_amax(val), self.prob.power_of_two)
+        val = quant_math.quantize(val, lax.broadcast_in_dim(scale, val.shape, [0]))
+        s_gmem.at[tile.out_group, lax.div(cols.start, i32(SCALE_N)), rows][...] = scale
+      stores.store(i, val, dst.at[tile.out_group, rows, cols])
 
 
 # ----------------------------------------------------------------------------- launch
 
-def _launch(cfg: HopperConfig, prob: _Problem, a, a_scale, b, b_scale, c, meta: dict,
-            out_shape: tuple, out_dtype):
-  """Runs the kernel on operands that carry their leading group axes."""
+def _run(cfg: HopperConfig, launch: problem.Launch):
+  """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
   cl = cfg.cluster_m * cfg.cluster_n
-  grid = min((cfg.num_sms or num_sms()) // cl, prob.scheduler.num_units)
+  grid = min((cfg.num_sms or num_sms()) // cl, launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, prob=prob),
-      out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+      functools.partial(_kernel, cfg=cfg, prob=launch.problem),
+      out_type=launch.out_type,
       grid=(grid,),
       grid_names=("sm",),
       cluster=(cl,),
@@ -483,108 +481,53 @@ def _launch(cfg: HopperConfig, prob: _Problem, a, a_scale, b, b_scale, c, meta: 
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  return kernel(a, a_scale, b, b_scale, c, meta)
+  return launch.finish(kernel(*launch.args))
 
 
-def _pad(cfg: HopperConfig, a, a_scale, b, c):
-  """pad_for_tma for this kernel: A-scales as given, rows padded to whole chunks."""
-  return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                     out_cols_multiple=64, transpose_a_scale=False,
-                     a_scale_rows_multiple=CHUNK_M)
-
-
-def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
-  """b_scale [G, nb, kb] as given (128x128), or per-row [G, N, kb] transposed to
-  [G, kb, n_cols] (zero-padded) so that a chunk's scales are one contiguous load."""
-  if not recipe.per_row_b:
-    return b_scale.astype(jnp.float32)
-  bs = jnp.swapaxes(b_scale.astype(jnp.float32), 1, 2)
-  return jnp.pad(bs, ((0, 0), (0, 0), (0, n_cols - bs.shape[2])))
+def _tiling(cfg: HopperConfig) -> problem.Tiling:
+  cfg.check()
+  def pad(a, a_scale, b, c, out_dtype):
+    # The A-scales are loaded from GMEM as given, rows padded to whole chunks;
+    # the output's columns to whole tiles of its SMEM layout.
+    (tiling, _) = tiled(out_dtype, cfg.epi_tile_n)
+    return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                       out_cols_multiple=max(64, tiling.tiling[1]), transpose_a_scale=False,
+                       a_scale_rows_multiple=CHUNK_M)
+  return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
+                        cfg.cluster_m, cfg.cluster_n)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: HopperConfig,
-                      b_scale_rows=SCALE_N):
-  """2-D blockwise FP8 matmul with the tiling `config` (sm90.py chooses one)."""
-  out_dtype = np.dtype(out_dtype)
+                      b_scale_rows=SCALE_N, power_of_two_scales=False):
+  """2-D blockwise FP8 matmul with the tiling `config` (sm90.py chooses one).
+  out_dtype float8_e4m3fn: returns (q, scale), quantised 1x128 in the epilogue;
+  every piece of the epilogue must then be a whole 128-column chunk."""
   m, k = a.shape
-  n = b.shape[0]
-  reason = unsupported_reason("blockwise_fp8_dot", m, n, k, out_dtype=out_dtype,
-                              has_c=c is not None)
+  reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
+                              has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
-  recipe = recipe_for(b_scale_rows)
-  k_blocks = pl.cdiv(k, K_BLOCK)
-  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
-    c = c.astype(jnp.float32)
-  cfg = config
-  cfg.check()
-  split_k = cfg.split_k
-  if k_blocks % split_k:
-    raise ValueError(f"split_k={split_k} must divide the {k_blocks} K blocks of K={k}")
-  if split_k > 1 and (k_blocks // split_k) % cfg.k_step:
-    raise ValueError(f"k_step={cfg.k_step} must divide each split's {k_blocks // split_k} "
-                     f"K blocks (K={k}, split_k={split_k})")
-  kernel_dtype, _ = kernel_dtypes(cfg, out_dtype, None)
-  c_in = c
-  if split_k > 1:
-    c = None  # each split writes float32 partials; c joins in the reduction below
-  ops = _pad(cfg, a[None], a_scale[None], b[None], None if c is None else c[None])
-  # A split's partial output has whole tiles of rows: the TMA stores of its
-  # last row tile must not land in the next split's rows.
-  split_rows = pl.cdiv(m, cfg.tile_m) * cfg.tile_m if split_k > 1 else ops.rows
-  sched = sched_lib.DenseScheduler(
-      m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n, grid_minor=cfg.grid_minor,
-      group=cfg.group, k_blocks=k_blocks // split_k, split_k=split_k,
-      cluster_m=cfg.cluster_m, cluster_n=cfg.cluster_n)
-  prob = _Problem(sched, recipe, k_blocks // split_k, float(beta))
-  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b,
-                _b_scale_for(recipe, b_scale[None], round_up(n, cfg.tile_n)), ops.c, {},
-                (split_k, split_rows, ops.out_cols), kernel_dtype)
-  if split_k > 1:
-    # One fused XLA reduction, in a fixed order (deterministic).
-    out = out[:, :m, :n].sum(axis=0)
-    if c_in is not None:
-      out = out + beta * c_in.astype(jnp.float32)
-    return out.astype(out_dtype)
-  return out[0, :m, :n]
-
-
-def _check_grouped(cfg: HopperConfig) -> HopperConfig:
-  cfg.check()
-  if cfg.split_k != 1 or cfg.cluster_m * cfg.cluster_n != 1:
-    raise ValueError("grouped GEMMs take no K splits and no clusters (split_k=1, "
-                     f"cluster_m=cluster_n=1), got {cfg}")
-  return cfg
+  if np.dtype(out_dtype) == FP8_OUT and (config.chunk()[1], config.epi_tile_n) != (128, 128):
+    raise ValueError("FP8 output needs 128-column warpgroup chunks stored whole "
+                     f"(chunk width and epi_tile_n 128), got {config}")
+  split_blocks = pl.cdiv(k, K_BLOCK) // config.split_k
+  if config.split_k > 1 and split_blocks % config.k_step:
+    raise ValueError(f"k_step={config.k_step} must divide each split's {split_blocks} "
+                     f"K blocks (K={k}, split_k={config.split_k})")
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows,
+                                    power_of_two_scales=power_of_two_scales))
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: HopperConfig):
   """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
   (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
-  cfg = _check_grouped(config)
-  m, k = a.shape
-  g, n, _ = b.shape
-  ops = _pad(cfg, a[None], a_scale[None], b, None)
-  starts, pass_group, tile_passes = sched_lib.ragged_tables(group_sizes, m, cfg.tile_m)
-  sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                                    grid_minor=cfg.grid_minor, group=cfg.group, num_groups=g)
-  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), mask_rows=True, zero_rows=True)
-  meta = dict(group_start=starts, pass_group=pass_group, tile_passes=tile_passes)
-  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None, meta,
-                (1, ops.rows, ops.out_cols), np.dtype(out_dtype))
-  return out[0, :m, :n]
+  return _run(config, problem.ragged(_tiling(config), a, a_scale, b, b_scale, group_sizes,
+                                     out_dtype=out_dtype))
 
 
 def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: HopperConfig):
   """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g] rows
   exist (the rest are stored as zeros). [G, M, N]."""
-  cfg = _check_grouped(config)
-  g, m, k = a.shape
-  n = b.shape[1]
-  ops = _pad(cfg, a, a_scale, b, None)
-  sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                                    grid_minor=cfg.grid_minor, group=cfg.group, groups=g)
-  prob = _Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True)
-  rows = jnp.clip(masked_m.astype(i32), 0, m)
-  out = _launch(cfg, prob, ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,
-                dict(masked_m=rows), (g, ops.rows, ops.out_cols), np.dtype(out_dtype))
-  return out[:, :m, :n]
+  return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
+                                     out_dtype=out_dtype))
