@@ -76,7 +76,10 @@ def _tile_rows(rows: int, n: int, k_blocks: int) -> int:
 
 
 def _scaled_tile(a_t, sa_t, b_g, sb_g, n: int):
-  """The contract for one tile: a_t [T, Kp], sa_t [T, kb], b_g [N, Kp], sb_g [nb, kb] -> [T, N] f32."""
+  """The contract for one tile of rows and one expert, in float32.
+
+  a_t [T, Kp], sa_t [T, kb], b_g [N, Kp], sb_g [nb, kb] -> [T, N] (Kp = 128 * kb).
+  """
   t, kp = a_t.shape
   kb = kp // quantize.BLOCK
   sums = lax.dot_general(  # [kb, T, N]: one 128-deep block sum per K block
