@@ -34,12 +34,14 @@ from jax.interpreters import batching, mlir
 from jax_fp8 import backends
 from jax_fp8 import grouped_sharding
 from jax_fp8 import sharding
+from jax_fp8.grouped_sharding import MASKED, RAGGED  # the backends' op names
 from jax_fp8.pallas import device
 from jax_fp8.primitive import OUT_DTYPES
 from jax_fp8.quantize import FP8, num_blocks
 from jax_fp8.reference import ragged_group_bounds
 
-RAGGED, MASKED = "ragged_dot", "masked_dot"   # the backends' op names
+# The ragged layout's running row count is an int32 that saturates at M.
+MAX_ROWS = 2**30
 
 
 # ---- validation ------------------------------------------------------------------------
@@ -102,6 +104,8 @@ def validate_ragged(a, a_scale, b, b_scale, group_sizes, *, out_dtype, backend):
   m, k = _shape(a)
   if k < 1:
     raise ValueError(f"K must be >= 1, got a of shape {_shape(a)}")
+  if m >= MAX_ROWS:
+    raise ValueError(f"M must be < 2**30, got a of shape {_shape(a)}")
   want = (m, num_blocks(k))
   if _shape(a_scale) != want:
     raise ValueError(f"a_scale must have shape (M, ceil(K/128)) = {want} "
@@ -178,9 +182,9 @@ def normalized_masked_m(masked_m, m: int) -> jax.Array:
   return jnp.clip(masked_m, 0, m)
 
 
-def _problem(op, avals):
-  """The backends' problem description of one call (2-D shapes, no batch)."""
-  a, b = avals[0], avals[2]
+def _problem(a, b):
+  """The backends' problem description of one call: M rows (per group for the masked
+  layout), N, K and G."""
   g, n, k = b.shape
   m = a.shape[-2]
   return dict(m=m, n=n, k=k, groups=g)
@@ -240,7 +244,7 @@ def _lowering(ctx, *args, out_dtype, backend, op, platform):
     return grouped_sharding.lower(ctx, PRIMITIVES[op], op, *args, out_dtype=out_dtype,
                                   backend=backend)
   _, kernel = backends.select(platform, backend, op, out_dtype=out_dtype, has_c=False,
-                              **_problem(op, ctx.avals_in))
+                              **_problem(ctx.avals_in[0], ctx.avals_in[2]))
   impl = functools.partial(_call_backend, kernel, op, out_dtype)
   return sharding.lower_locally(ctx, impl, *args)
 
@@ -283,13 +287,14 @@ def _masked_batching_rule(args, dims, *, out_dtype, backend):
     # weights once per batch element; one call per element instead.
     return _map_over_batch(blockwise_fp8_masked_dot_p, params, args, dims)
   # Batched experts: the batch folds into the group axis, G' = B * G, one call.
-  size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+  size = args[2].shape[dims[2]]
+  groups = args[2].shape[1 if dims[2] == 0 else 0]   # b: [G, N, K] around the batch dim
 
   def folded(x, d):
     x = jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
     return x.reshape(size * x.shape[1], *x.shape[2:])
   out = blockwise_fp8_masked_dot_p.bind(*map(folded, args, dims), **params)
-  return out.reshape(size, -1, *out.shape[1:]), 0
+  return out.reshape(size, groups, *out.shape[1:]), 0
 
 
 batching.primitive_batchers[blockwise_fp8_ragged_dot_p] = _ragged_batching_rule
@@ -308,7 +313,7 @@ def _bind(op, a, a_scale, b, b_scale, sizes, *, out_dtype, backend):
     # effect tokens a primitive's lowering cannot thread: call the kernel
     # directly (the CPU/CI path of the Pallas kernels; jit still applies).
     _, kernel = backends.select("cpu", backend, op, out_dtype=out_dtype, has_c=False,
-                                **_problem(op, (a, a_scale, b, b_scale, sizes)))
+                                **_problem(a, b))
     return _call_backend(kernel, op, out_dtype, a, a_scale, b, b_scale, sizes)
   return PRIMITIVES[op].bind(a, a_scale, b, b_scale, sizes, out_dtype=out_dtype,
                              backend=backend)

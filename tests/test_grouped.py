@@ -399,10 +399,15 @@ def test_bad_input_is_named(op, over, exc, msg):
     _call(op, over, jit=True)
 
 
-def test_k_zero_is_rejected():
+def test_k_zero_and_huge_m_are_rejected():
   with pytest.raises(ValueError, match="K must be >= 1"):
     ragged_dot(jnp.ones((4, 0), FP8), jnp.ones((4, 0)), jnp.ones((1, 8, 0), FP8),
                jnp.ones((1, 1, 0)), jnp.array([4]))
+  avals = [jax.ShapeDtypeStruct(s, d) for s, d in (((2**30, 128), FP8), ((2**30, 1), F32),
+                                                  ((1, 8, 128), FP8), ((1, 1, 1), F32),
+                                                  ((1,), jnp.int32))]
+  with pytest.raises(ValueError, match=re.escape("M must be < 2**30")):
+    jax.eval_shape(ragged_dot, *avals)
 
 
 @pytest.mark.parametrize("backend", ["pallas_sm90", "pallas_sm100", "ffi"])
