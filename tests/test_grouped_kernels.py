@@ -1,5 +1,6 @@
-"""The grouped GEMMs' Pallas kernels (`ragged_dot`, `masked_dot` in pallas/hopper.py
-and pallas/blackwell.py), through jax_fp8.blockwise_fp8_ragged_dot / _masked_dot.
+"""The grouped GEMMs' Pallas kernels (the `ragged_dot` / `masked_dot` ops of the
+pallas_sm90 and pallas_sm100 backend modules), through
+jax_fp8.blockwise_fp8_ragged_dot / _masked_dot.
 
 CPU (CI): tiny shapes in GPU interpret mode with race detection; outputs start as
 NaN there (uninitialized_memory="nan"), so an unwritten row fails, and rows
@@ -8,8 +9,8 @@ for CUDA at the benchmark shapes, without a GPU.
 GPU: the benchmark shapes (DeepSeek-V3's expert GEMMs) against a float64
 reference computed on the device; skipped without the GPU generation.
 
-Each test skips while its kernel does not exist yet (hasattr on the kernel
-module), so the tests start running when the kernels land.
+Each test skips while its backend module lacks the op (what jax_fp8.backends
+checks), so the tests start running when the kernels land.
 
 The contract the kernels are called with (jax_fp8.grouped):
   ragged_dot(a [M, K] e4m3, a_scale [M, ceil(K/128)] f32, b [G, N, K] e4m3,
@@ -22,6 +23,8 @@ with normalised sizes (every group size >= 0 and their sum <= M; 0 <= masked_m
 <= M) that live on the device; rows past the sum / at and past masked_m[g] must
 be written as 0.
 """
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,12 +32,12 @@ import pytest
 from conftest import requires_gpu
 
 import jax_fp8
-from jax_fp8 import testing
-from jax_fp8.pallas import blackwell, hopper
+from jax_fp8 import backends, testing
 
 FP8 = jnp.float8_e4m3fn
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
-KERNEL_MODULES = {"pallas_sm90": hopper, "pallas_sm100": blackwell}
+KERNEL_MODULES = {name: importlib.import_module(backends.BACKENDS[name].module)
+                  for name in ("pallas_sm90", "pallas_sm100")}
 OPS = {"ragged": "ragged_dot", "masked": "masked_dot"}
 
 
@@ -137,7 +140,7 @@ def _avals(op, g, m, n, k):
 ])
 def test_lowers_for_cuda(op, g, m, n, k):
   if _missing("pallas_sm90", op):
-    pytest.skip(f"jax_fp8.pallas.hopper has no {OPS[op]} kernel yet")
+    pytest.skip(f"{KERNEL_MODULES['pallas_sm90'].__name__} has no {OPS[op]} kernel yet")
   lowered = jax.jit(_call(op, "pallas_sm90", BF16)).trace(*_avals(op, g, m, n, k)).lower(
       lowering_platforms=("cuda",))
   assert "mosaic_gpu" in lowered.as_text()
@@ -306,9 +309,8 @@ def test_gpu_checks_run_on_the_reference_backend():
 @pytest.mark.parametrize("op", ["ragged", "masked"])
 @requires_gpu(major=9)
 def test_gpu_auto_picks_the_hopper_kernel(op):
-  from jax_fp8 import backends
   if _missing("pallas_sm90", op):
-    pytest.skip(f"jax_fp8.pallas.hopper has no {OPS[op]} kernel yet")
+    pytest.skip(f"{KERNEL_MODULES['pallas_sm90'].__name__} has no {OPS[op]} kernel yet")
   name, _ = backends.select("cuda", "auto", OPS[op], m=4096, n=4096, k=7168, groups=8,
                             out_dtype=BF16, has_c=False)
   assert name == "pallas_sm90"
