@@ -64,7 +64,9 @@ def _reference(op, ops):
 # operand shapes (n, k, groups).
 CASES = [
     ("ragged_M", "ragged", (P("x"), P("x"), P(), P(), P()), P("x"), {}, False, F32),
-    ("ragged_M4", "ragged", (P("y"), P("y"), P(), P(), P()), P("y"), {}, False, BF16),
+    # 8 shards of 64 rows over two mesh axes.
+    ("ragged_M8", "ragged", (P(("y", "x")), P(("y", "x")), P(), P(), P()), P(("y", "x")), {},
+     False, BF16),
     ("ragged_N", "ragged", (P(), P(), P(None, "y"), P(None, "y"), P()), P(None, "y"), {}, False,
      BF16),
     ("ragged_K", "ragged", (P(None, "y"), P(None, "y"), P(None, None, "y"), P(None, None, "y"),
