@@ -44,12 +44,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, scheduler as sched_lib
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
+from jax_fp8.pallas import device, problem
+from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
                                    unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
-from jax_fp8.pallas.recipe import ScaleRecipe, recipe_for
+from jax_fp8.pallas.recipe import zero_unless
 
 TMEM_COLS = 512        # f32 columns of TMEM per SM
 TMA_WARP, MMA_WARP, EPI_LOAD_WARP = 0, 1, 2
@@ -113,17 +113,8 @@ def num_sms() -> int:
   return device.num_sms(default=148)  # B200
 
 
-@dataclasses.dataclass(frozen=True)
-class _Problem:
-  scheduler: object
-  recipe: ScaleRecipe
-  k_blocks: int
-  beta: float
-  mask_rows: bool
-
-
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
-            cfg: BlackwellConfig, prob: _Problem):
+            cfg: BlackwellConfig, prob: problem.Problem):
   """One CTA. Shapes: a [Ga, rows, K], as [Ga, kb, rows] (transposed), b [Gb, N', K],
   bs [Gb, nb, kb] or (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None,
   out [Go, rows, cols]."""
@@ -254,7 +245,7 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
         s_a = plgpu.load(as_smem.at[ks.input_stage.index, 0], layout=row_layout)
         if prob.mask_rows:
           rows = tile.m0 + plgpu.broadcasted_iota(i32, (tile_m,), 0, layout=row_layout)
-          s_a = jnp.where((rows >= tp.row_lo) & (rows < tp.row_hi), s_a, 0.0)
+          s_a = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi), s_a)
         new_acc = []
         for p, acc_p in enumerate(acc):
           b = recipe.load_b(bs_gmem, tp.b_group, tile.k0 + kb, tile.n0 + p * epi_n, epi_n,
@@ -283,9 +274,9 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
         with epi_load.consume(i * n_pieces + p) as st:
           c = plgpu.load(c_smem.at[st.index], layout=layout)
           val = val + c.astype(jnp.float32) * prob.beta
-      if prob.mask_rows:
+      if prob.zero_rows:
         rows = tile.m0 + plgpu.broadcasted_iota(i32, val.shape, 0, layout=layout)
-        val = jnp.where(rows < tile.row_end, val, 0.0)
+        val = zero_unless(rows < tile.row_end, val)
       stores.store(p, val, out_gmem.at[tile.out_group, pl.ds(tile.m0, tile_m),
                                        pl.ds(tile.n0 + p * epi_n, epi_n)])
     return step
@@ -294,58 +285,56 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
   OutputStores.finish()
 
 
-def _launch(cfg: BlackwellConfig, prob: _Problem, a, a_scale_t, b, b_scale, c, meta: dict,
-            out_shape: tuple, out_dtype):
-  """Runs the kernel on operands that carry their leading group axes."""
-  smem = cfg.smem_bytes(out_dtype, None if c is None else c.dtype)
+def _run(cfg: BlackwellConfig, launch: problem.Launch):
+  """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
+  c = launch.args[4]
+  smem = cfg.smem_bytes(launch.out_dtype, None if c is None else c.dtype)
   if smem > SMEM_BYTES:
     raise ValueError(f"config needs ~{smem} bytes of shared memory (> {SMEM_BYTES}): lower "
                      "input_stages, c_stages, epi_tile_n or tile_n")
-  grid = min(cfg.num_ctas or num_sms(), prob.scheduler.num_units)
+  grid = min(cfg.num_ctas or num_sms(), launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, prob=prob),
-      out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+      functools.partial(_kernel, cfg=cfg, prob=launch.problem),
+      out_type=jax.ShapeDtypeStruct(launch.out_shape, launch.out_dtype),
       grid=(grid,),
       grid_names=("sm",),
       num_threads=2,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  return kernel(a, a_scale_t, b, b_scale, c, meta)
+  return launch.finish(kernel(*launch.args))
 
 
-def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
-  """b_scale [G, nb, kb] as given (128x128), or per-row [G, N, kb] transposed to
-  [G, kb, n_cols] (zero-padded) so that a piece's scales are one contiguous load."""
-  if not recipe.per_row_b:
-    return b_scale.astype(jnp.float32)
-  bs = jnp.swapaxes(b_scale.astype(jnp.float32), 1, 2)
-  return jnp.pad(bs, ((0, 0), (0, 0), (0, n_cols - bs.shape[2])))
+def _tiling(cfg: BlackwellConfig) -> problem.Tiling:
+  cfg.check()
+  # The A-scales go through the TMA ring transposed: a tile's rows are one box.
+  def pad(a, a_scale, b, c):
+    return pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
+                       tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
+  return problem.Tiling(cfg.tile_m, cfg.tile_n, pad)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: BlackwellConfig,
                       b_scale_rows=SCALE_N):
   """2-D blockwise FP8 matmul with the tiling `config` (sm100.py chooses one)."""
-  out_dtype = np.dtype(out_dtype)
   m, k = a.shape
-  n = b.shape[0]
-  reason = unsupported_reason("blockwise_fp8_dot", m, n, k, out_dtype=out_dtype,
-                              has_c=c is not None)
+  reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
+                              has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
-  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
-    c = c.astype(jnp.float32)
-  recipe = recipe_for(b_scale_rows)
-  cfg = config
-  cfg.check()
-  k_blocks = pl.cdiv(k, K_BLOCK)
-  ops = pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
-                    tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
-  sched = sched_lib.DenseScheduler(m=ops.rows, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                                   grid_minor="n", group=8, k_blocks=k_blocks)
-  prob = _Problem(sched, recipe, k_blocks, float(beta), mask_rows=False)
-  out = _launch(cfg, prob, ops.a[None], ops.a_scale[None], ops.b[None],
-                _b_scale_for(recipe, b_scale[None], ops.out_cols),
-                None if ops.c is None else ops.c[None], {}, (1, ops.rows, ops.out_cols),
-                out_dtype)
-  return out[0, :m, :n]
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows))
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: BlackwellConfig):
+  """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
+  (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
+  return _run(config, problem.ragged(_tiling(config), a, a_scale, b, b_scale, group_sizes,
+                                     out_dtype=out_dtype))
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: BlackwellConfig):
+  """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g] rows
+  exist (the rest are stored as zeros). [G, M, N]."""
+  return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
+                                     out_dtype=out_dtype))

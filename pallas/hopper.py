@@ -41,11 +41,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, scheduler as sched_lib
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
+from jax_fp8.pallas import device, problem
+from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, pad_for_tma, tiled,
                                    unsupported_reason)
 from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline
-from jax_fp8.pallas.recipe import BLOCK_128, ScaleRecipe, recipe_for
+from jax_fp8.pallas.recipe import zero_unless
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
 i32 = jnp.int32
@@ -196,18 +196,8 @@ def num_sms() -> int:
 
 # ----------------------------------------------------------------------------- the kernel
 
-@dataclasses.dataclass(frozen=True)
-class _Problem:
-  """What the kernel body needs besides the config: static shapes and choices."""
-  scheduler: sched_lib.DenseScheduler | sched_lib.MaskedScheduler | sched_lib.RaggedScheduler
-  recipe: ScaleRecipe
-  k_blocks: int          # K blocks of one unit (one K split)
-  beta: float
-  mask_rows: bool        # rows of a tile outside the problem are zeroed (grouped)
-
-
 def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
-            cfg: HopperConfig, prob: _Problem):
+            cfg: HopperConfig, prob: problem.Problem):
   """One CTA. Shapes (every operand carries a leading group axis):
   a [Ga, rows, K], as [Ga, scale_rows, kb], b [Gb, N', K], bs [Gb, nb, kb] or
   (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None, out [Go, rows, cols]."""
@@ -308,7 +298,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
 class _Warpgroup:
   """A consumer warpgroup's part of the tile and what it does with it."""
   cfg: HopperConfig
-  prob: _Problem
+  prob: problem.Problem
   wg: object
   as_gmem: object
   bs_gmem: object
@@ -352,15 +342,15 @@ class _Warpgroup:
                                      kb], layout=row_layout, optimized=False)
       if self.prob.mask_rows:
         rows = row0 + plgpu.broadcasted_iota(i32, (cm,), 0, layout=row_layout)
-        s = jnp.where((rows >= tp.row_lo) & (rows < tp.row_hi) & valid, s, 0.0)
+        s = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi) & valid, s)
       elif self.partial_last_step:
-        s = jnp.where(valid, s, 0.0)
+        s = zero_unless(valid, s)
       rows_scales.append(s)
     col_scales = []
     for c in sorted({c for _, c in chunks}):
       b = recipe.load_b(self.bs_gmem, tp.b_group, kb, tile.n0 + wc + c, cn,
                         plgpu.Layout.WGMMA.reduce(0))
-      col_scales.append(jnp.where(valid, b, 0.0) if self.partial_last_step else b)
+      col_scales.append(zero_unless(valid, b) if self.partial_last_step else b)
     if len(chunks) == 1 and cfg.scale_product and not recipe.per_row_b:
       return (recipe.row_factor(rows_scales[0], col_scales[0]),), ()
     return tuple(rows_scales), tuple(col_scales)
@@ -458,22 +448,21 @@ class _Warpgroup:
           # Its slot was last read for piece i - 1, before that piece's store.
           c_ring.start(i + 1, c_gmem.at[0, *self.window(tile, i + 1)])
         val = val + c_ring.wait(i)[...].astype(jnp.float32) * self.prob.beta
-      if self.prob.mask_rows:
+      if self.prob.zero_rows:
         row = rows.start + plgpu.broadcasted_iota(i32, val.shape, 0, layout=plgpu.Layout.WGMMA)
-        val = jnp.where(row < tile.row_end, val, 0.0)
+        val = zero_unless(row < tile.row_end, val)
       stores.store(i, val, out_gmem.at[tile.out_group, rows, cols])
 
 
 # ----------------------------------------------------------------------------- launch
 
-def _launch(cfg: HopperConfig, prob: _Problem, a, a_scale, b, b_scale, c, meta: dict,
-            out_shape: tuple, out_dtype):
-  """Runs the kernel on operands that carry their leading group axes."""
+def _run(cfg: HopperConfig, launch: problem.Launch):
+  """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
   cl = cfg.cluster_m * cfg.cluster_n
-  grid = min((cfg.num_sms or num_sms()) // cl, prob.scheduler.num_units)
+  grid = min((cfg.num_sms or num_sms()) // cl, launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, prob=prob),
-      out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+      functools.partial(_kernel, cfg=cfg, prob=launch.problem),
+      out_type=jax.ShapeDtypeStruct(launch.out_shape, launch.out_dtype),
       grid=(grid,),
       grid_names=("sm",),
       cluster=(cl,),
@@ -482,63 +471,44 @@ def _launch(cfg: HopperConfig, prob: _Problem, a, a_scale, b, b_scale, c, meta: 
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  return kernel(a, a_scale, b, b_scale, c, meta)
+  return launch.finish(kernel(*launch.args))
 
 
-def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
-  """b_scale [G, nb, kb] as given (128x128), or per-row [G, N, kb] transposed to
-  [G, kb, n_cols] (zero-padded) so that a chunk's scales are one contiguous load."""
-  if not recipe.per_row_b:
-    return b_scale.astype(jnp.float32)
-  bs = jnp.swapaxes(b_scale.astype(jnp.float32), 1, 2)
-  return jnp.pad(bs, ((0, 0), (0, 0), (0, n_cols - bs.shape[2])))
+def _tiling(cfg: HopperConfig) -> problem.Tiling:
+  cfg.check()
+  # The A-scales are loaded from GMEM as given, rows padded to whole chunks.
+  pad = functools.partial(pad_for_tma, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                          out_cols_multiple=64, transpose_a_scale=False,
+                          a_scale_rows_multiple=CHUNK_M)
+  return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
+                        cfg.cluster_m, cfg.cluster_n)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: HopperConfig,
                       b_scale_rows=SCALE_N):
   """2-D blockwise FP8 matmul with the tiling `config` (sm90.py chooses one)."""
-  out_dtype = np.dtype(out_dtype)
   m, k = a.shape
-  n = b.shape[0]
-  reason = unsupported_reason("blockwise_fp8_dot", m, n, k, out_dtype=out_dtype,
-                              has_c=c is not None)
+  reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
+                              has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
-  recipe = recipe_for(b_scale_rows)
-  k_blocks = pl.cdiv(k, K_BLOCK)
-  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
-    c = c.astype(jnp.float32)
-  cfg = config
-  cfg.check()
-  split_k = cfg.split_k
-  if k_blocks % split_k:
-    raise ValueError(f"split_k={split_k} must divide the {k_blocks} K blocks of K={k}")
-  if split_k > 1 and (k_blocks // split_k) % cfg.k_step:
-    raise ValueError(f"k_step={cfg.k_step} must divide each split's {k_blocks // split_k} "
-                     f"K blocks (K={k}, split_k={split_k})")
-  kernel_dtype, _ = kernel_dtypes(cfg, out_dtype, None)
-  c_in = c
-  if split_k > 1:
-    c = None  # each split writes float32 partials; c joins in the reduction below
-  ops = pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                    out_cols_multiple=64, transpose_a_scale=False,
-                    a_scale_rows_multiple=CHUNK_M)
-  # A split's partial output has whole tiles of rows: the TMA stores of its
-  # last row tile must not land in the next split's rows.
-  split_rows = pl.cdiv(m, cfg.tile_m) * cfg.tile_m if split_k > 1 else ops.rows
-  sched = sched_lib.DenseScheduler(
-      m=m, n=n, tile_m=cfg.tile_m, tile_n=cfg.tile_n, grid_minor=cfg.grid_minor,
-      group=cfg.group, k_blocks=k_blocks // split_k, split_k=split_k,
-      cluster_m=cfg.cluster_m, cluster_n=cfg.cluster_n)
-  prob = _Problem(sched, recipe, k_blocks // split_k, float(beta), mask_rows=False)
-  out = _launch(cfg, prob, ops.a[None], ops.a_scale[None], ops.b[None],
-                _b_scale_for(recipe, b_scale[None], ops.out_cols),
-                None if ops.c is None else ops.c[None], {},
-                (split_k, split_rows, ops.out_cols), kernel_dtype)
-  if split_k > 1:
-    # One fused XLA reduction, in a fixed order (deterministic).
-    out = out[:, :m, :n].sum(axis=0)
-    if c_in is not None:
-      out = out + beta * c_in.astype(jnp.float32)
-    return out.astype(out_dtype)
-  return out[0, :m, :n]
+  split_blocks = pl.cdiv(k, K_BLOCK) // config.split_k
+  if config.split_k > 1 and split_blocks % config.k_step:
+    raise ValueError(f"k_step={config.k_step} must divide each split's {split_blocks} "
+                     f"K blocks (K={k}, split_k={config.split_k})")
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows))
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: HopperConfig):
+  """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
+  (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
+  return _run(config, problem.ragged(_tiling(config), a, a_scale, b, b_scale, group_sizes,
+                                     out_dtype=out_dtype))
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: HopperConfig):
+  """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g] rows
+  exist (the rest are stored as zeros). [G, M, N]."""
+  return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
+                                     out_dtype=out_dtype))

@@ -20,12 +20,12 @@ from jax_fp8.pallas.common import K_BLOCK, SCALE_N, SMEM_BYTES
 from jax_fp8.pallas.hopper import CHUNK_M, HopperConfig, kernel_dtypes
 
 
-def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int) -> bool:
+def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1) -> bool:
   """Whether every CTA runs >= 2 tiles and the ring wraps exactly at a tile's
   end: such tilings measured a smaller fixed cost per tile (the next tile's
   first loads fill a ring its predecessor leaves in step)."""
   units = (pl.cdiv(pl.cdiv(m, cfg.tile_m), cfg.cluster_m)
-           * pl.cdiv(pl.cdiv(n, cfg.tile_n), cfg.cluster_n) * cfg.split_k)
+           * pl.cdiv(pl.cdiv(n, cfg.tile_n), cfg.cluster_n) * cfg.split_k * groups)
   grid = min((cfg.num_sms or hopper.num_sms()) // (cfg.cluster_m * cfg.cluster_n), units)
   return (units >= 2 * grid
           and pl.cdiv(pl.cdiv(k, K_BLOCK) // cfg.split_k, cfg.k_step) % cfg.stages == 0)
@@ -45,77 +45,44 @@ def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> Hoppe
   return cfg
 
 
-# Large-M candidates (tile_m, tile_n, wg_split, consumers) and their per-tile
-# efficiency relative to 128 x 256 (measured on the H100 at full waves): wider
-# tiles read less A/B per FLOP. 192 x 128 (three consumers) balances the waves
-# where N is narrow (4096x2112x7168: 3 waves of 192-row tiles against 5 of 128).
+# Large-M tiles (tile_m, tile_n, wg_split, consumers, efficiency per tile relative
+# to 128 x 256 at full waves): wider tiles read less A/B per FLOP; 192 x 128
+# balances the waves where N is narrow.
 _LARGE_M_TILES = ((128, 256, "n", 2, 1.0), (128, 128, "m", 2, 0.93),
                   (192, 128, "m", 3, 0.95), (64, 128, "n", 2, 0.8))
-# Up to this many K blocks, a tile's fixed cost (first loads, epilogue) outweighs
-# its K loop, and chaining the tiles' pipelines hides it: _SHORT_K_TILE tiles with
-# a ring as deep as the K loop (H100, 4096x32768x512: 993 TFLOP/s against 845 for
-# unchained 128 x 256 and 921 for chained 128 x 128).
+# Up to this many K blocks a tile's fixed cost (first loads, epilogue) outweighs
+# its K loop: _SHORT_K_TILE tiles with a ring as deep as the K loop.
 _CHAIN_K_BLOCKS = 4
 _SHORT_K_TILE = (192, 128, "m", 3)  # tile_m, tile_n, wg_split, consumers
-# Small-M (decode) candidates (tile_m, tile_n, wg_split, consumers) and their time
-# per tile in units of "columns": the problem is bandwidth-bound, a tile costs its
-# width plus a fixed part (its A tile, the epilogue) worth ~32 columns; a 128-row
-# tile ~1.6x a 64-row one. 64 x 192 (three warpgroups of 64 columns, each within
-# one b_scale block) gives one wave of 128 CTAs where N=24576 has 96 tiles of 256
-# (H100, 64x24576x1536: 283 -> 288-291 TFLOP/s, 1.08x -> 1.10-1.12x cuBLAS, four
-# runs; 64x24576x7168 342 -> 357, 64x18432x1536 262 -> 273, 64x36864x512 178 -> 195,
-# 128x12288x1536 406 -> 430, 128x12288x7168 509 -> 599). For M > 64 only in one wave:
-# two 64-row tiles per B tile over several waves lost (128x24576x512 334 -> 302,
-# 100x24576x7168 464 -> 459).
+# Small-M (decode) tiles (tile_m, tile_n, wg_split, consumers, weight): bandwidth-
+# bound, a tile costs its width plus a fixed part (its A tile, the epilogue) worth
+# ~32 columns, a 128-row tile ~1.6x a 64-row one. 64 x 192 (three warpgroups of 64
+# columns) fills the SMs where 256-wide tiles leave many idle; for M > 64 only in
+# one wave.
 _SMALL_M_TILES = ((64, 32, "n", 2, 1.0), (64, 64, "n", 2, 1.0), (64, 128, "n", 2, 1.0),
                   (64, 192, "n", 3, 1.0), (64, 256, "n", 2, 1.0), (128, 64, "m", 2, 1.6),
                   (128, 256, "n", 2, 1.6))
 # Long K loops (>= 64 K blocks) on 128 x 256 tiles: a 4-deep ring where it
-# divides the K blocks, so that the tiles' pipelines chain (H100:
-# 4096x7168x16384 1226 -> 1300 TFLOP/s, 4096x7168x8192 1214 -> 1278,
-# 4096x4096x16384 1230 -> 1276, 8192x7168x16384 1221 -> 1291). Unchained, 4
-# stages were slower than 3 (1188), and at 56 K blocks (K=7168) chained 4
-# stages 3% slower: there the SMEM is better left to L1.
+# divides the K blocks (at 56 blocks the SMEM is better left to L1).
 _LONG_K_BLOCKS = 64
 _LONG_K_STAGES = 4
-# Decode split-K: from this many K blocks (K >= 4096) up, a small-M problem
-# whose 64-column tiles would leave at least half the SMs idle splits K into 2
-# or 4 ranges instead of narrowing its tiles (H100: 64x2112x7168 124 -> 178
-# TFLOP/s, 128x2112x7168 248 -> 333, 64x4096x7168 212 -> 240, 128x4096x7168
-# 401 -> 420; below 4096 the reduction's fixed cost outweighs the gain).
+# Decode split-K from this many K blocks (K >= 4096) up, where 64-column tiles
+# leave SMs idle; below it the reduction's fixed cost outweighs the gain.
 _SPLIT_K_MIN_BLOCKS = 32
 _SPLIT_K_TILE_N = 64
-# Decode tiles of 128 rows (64 < M <= 128) in one wave over at least this many K
-# blocks: clusters of 2 CTAs share their A tile by TMA multicast (H100,
-# 128x7168x16384: 556-559 -> 575-581 TFLOP/s; where split-K or a second wave
-# applies, pairs gained nothing or lost: 128x4096x7168 -1%, 128x24576x1536 -2%).
+# Decode tiles of 128 rows in one wave over at least this many K blocks: pairs
+# of CTAs share their A tile by TMA multicast.
 _SHARED_A_K_BLOCKS = 64
-# SMEM the operand ring may take. What SMEM leaves free is L1, where the scale
-# loads hit: on the H100 a ring of ~144 KB was fastest for every tile (8 stages
-# of 64 x 32 up to 3 of 128 x 256; 6 stages of 128 x 128 ran 10% slower than 4,
-# 8 stages of 64 x 32 7% faster than 4). Where the ring divides the K blocks, the
-# tiles' pipelines also chain (a ring one deeper to make it divide ran slower).
+# SMEM the operand ring may take: what SMEM leaves free is L1, where the scale
+# loads hit (~144 KB was fastest for every tile).
 _RING_BYTES = 144 * 1024
-# Decode tiles over at least this many K blocks (K >= 1536) take two K blocks
-# per pipeline step, in a ring of the same bytes (half the stages): a warpgroup's
-# step boundary (barrier wait, scale loads, bookkeeping) comes once per two blocks.
-# H100, one process: 64x7168x16384 306 -> 329 TFLOP/s, 128x7168x2048 399 -> 419,
-# 128x24576x1536 504 -> 517, 64x7168x2048 221 -> 227, 64x24576x1536 277 -> 282;
-# a ring of the same depth in blocks with one block per step gained nothing.
-# Shorter K loops lost (128x32768x512 365 -> 342); at large M it was within +-1%.
-# Split-K decode takes them too where they divide a split's blocks (64x2112x7168
-# 182 -> 191, 128x2112x7168 332 -> 349, 64x4096x7168 236 -> 246, 128x4096x7168
-# 415 -> 439).
+# Decode tiles over at least this many K blocks (K >= 1536) take two K blocks per
+# pipeline step in a ring of the same bytes: a warpgroup's step boundary (barrier
+# wait, scale loads, bookkeeping) comes once per two blocks.
 _K_STEP_MIN_BLOCKS = 12
-# Up to this M (decode, split-K decode) one-chunk warpgroups carry a_scale and
-# b_scale separately and multiply at promotion (HopperConfig.scale_product=False):
-# the product's FMUL otherwise sits at the end of every step, waiting for the
-# scale loads issued during the step's last WGMMA. H100, two runs in one process
-# each: 64x7168x16384 333 -> 338-339 TFLOP/s, 128x7168x16384 640 -> 649-650,
-# 64x7168x2048 227-229 -> 233-234, 128x7168x2048 418-421 -> 421-422,
-# 128x4096x7168 439-445 -> 445-447, 64x24576x1536 289-290 -> 291-292. The chained
-# short-K tiles at M=4096 keep the product (4096x32768x512 1000-1011 -> 952-964).
-# Loading the scales 2-4 steps ahead instead gained nothing more at decode.
+# Up to this M one-chunk warpgroups carry a_scale and b_scale separately and
+# multiply at promotion (scale_product=False): the product's FMUL otherwise waits
+# at the end of every step for the scale loads issued during its last WGMMA.
 _SEPARATE_SCALES_MAX_M = 128
 
 
@@ -126,9 +93,7 @@ def _two_block_steps(cfg: HopperConfig, ring_stages: int, extra: int = 0):
 
 
 # Registers the producer warpgroup keeps where a consumer carries two chunks
-# (128 x 256): ptxas's allocation of the K loop is erratic in the consumers'
-# budget (4096x7168x16384 spills 40 B at 232, none at 216, 56 B at 208); 72
-# leaves them 216 (H100, M=4096: +0-3%, 0.92-0.95x -> 0.92-0.98x cuBLAS).
+# (128 x 256): 72 leaves the consumers 216, where ptxas's K loop does not spill.
 _TWO_CHUNK_PRODUCER_REGISTERS = 72
 
 
@@ -136,11 +101,9 @@ def _ring_stages(tile_m: int, tile_n: int) -> int:
   return max(2, min(8, _RING_BYTES // ((tile_m + tile_n) * K_BLOCK)))
 
 
-# Up to this many K blocks, the epilogue is a large part of a tile's time and
-# stores of 256-byte rows pay (H100, 4096x32768x512: +8%); with longer K loops
-# the SMEM they take is better left to L1. 256-column tiles gain up to twice
-# as many (4096x24576x1536 +2.4%, 4096x7168x2048 +1.1%, 8192x7168x2048 +1.2%;
-# 192 x 128 tiles at 4096x2112x2048 lost 2.4%, K=7168 lost 0.7%).
+# Up to this many K blocks the epilogue is a large part of a tile's time and
+# stores of 256-byte rows pay; with longer K loops their SMEM is better left to
+# L1. 256-column tiles gain up to twice as many.
 _SHORT_K_BLOCKS = 8
 _SHORT_K_BLOCKS_WIDE_TILE = 16
 
@@ -188,7 +151,8 @@ def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> Hopper
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
-                   c_dtype=None, b_scale_rows: int = SCALE_N) -> HopperConfig:
+                   c_dtype=None, b_scale_rows: int = SCALE_N, groups: int = 1,
+                   grouped: bool = False) -> HopperConfig:
   """Tiling heuristic by shape (from H100 measurements of the DeepSeek-V3 shapes).
 
   - M <= 128 (decode): bandwidth-bound; with K >= 4096 and N too narrow to
@@ -209,7 +173,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   - the ring takes ~_RING_BYTES of SMEM; short K loops get wider epilogue stores.
   """
   num_sms = hopper.num_sms()
-  decode_split = _decode_split_k(m, n, k, num_sms)
+  decode_split = None if grouped else _decode_split_k(m, n, k, num_sms)
   k_blocks = pl.cdiv(k, K_BLOCK)
   if decode_split is not None:
     cfg = _with_epilogue(decode_split, out_dtype, k, c_dtype)
@@ -220,13 +184,12 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   if m <= 128:
     def cost(t):
       tm, tn, split, consumers, weight = t
-      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
+      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn) * groups
       # A chained tile's fixed part is about half: the next tile's loads run
-      # under its epilogue (H100, 128x24576x1536: chained 128 x 64 tiles 506
-      # TFLOP/s, unchained 128 x 256 457, which this model otherwise ties).
+      # under its epilogue.
       ring = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                           stages=_ring_stages(tm, tn))
-      fixed = 16 if chains_tiles(ring, m, n, k) else 32
+      fixed = 16 if chains_tiles(ring, m, n, k, groups) else 32
       return (pl.cdiv(tiles, num_sms) * weight * (tn + fixed), -tm * tn)
     def allowed(t):
       tm, tn, _, consumers, _ = t
@@ -239,19 +202,18 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     max_stages = _ring_stages(tm, tn)
     # One wave of 128-row tiles over a long K: every CTA reads all of A, so
     # pairs of CTAs share it by multicast.
-    shared_a = (tm == 128 and k_blocks >= _SHARED_A_K_BLOCKS
+    shared_a = (not grouped and tm == 128 and k_blocks >= _SHARED_A_K_BLOCKS
                 and pl.cdiv(n, tn) <= num_sms)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m",
                        consumers=consumers, cluster_n=2 if shared_a else 1,
                        scale_product=m > _SEPARATE_SCALES_MAX_M)
     if k_blocks >= _K_STEP_MIN_BLOCKS:
-      # One stage more where a single wave of CTAs pairs up over a long K
-      # (128x7168x16384: 611 TFLOP/s at 3 stages of 2 blocks, 643 at 4).
+      # One stage more where a single wave of CTAs pairs up over a long K.
       cfg, max_stages = _two_block_steps(cfg, max_stages, extra=1 if shared_a else 0)
   else:
     def score(t):
       tm, tn, _, _, eff = t
-      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn)
+      tiles = pl.cdiv(m, tm) * pl.cdiv(n, tn) * groups
       padding = m / (pl.cdiv(m, tm) * tm) * n / (pl.cdiv(n, tn) * tn)
       return eff * padding * tiles / (pl.cdiv(tiles, num_sms) * num_sms)
     order = "n" if m >= 1024 else "m"
@@ -261,7 +223,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                                             consumers=consumers, grid_minor=order),
                                out_dtype, k, c_dtype)
       chained = _fit_stages(chained, out_dtype, c_dtype, max_stages=k_blocks)
-      if chains_tiles(chained, m, n, k):
+      if chains_tiles(chained, m, n, k, groups):
         return chained
     tiles = _LARGE_M_TILES
     if b_scale_rows == 1:
@@ -276,7 +238,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   cfg = _with_registers(cfg)
   if m > 128 and (tm, tn) == (128, 256) and k_blocks >= _LONG_K_BLOCKS:
     deep = _fit_stages(cfg, out_dtype, c_dtype, max_stages=_LONG_K_STAGES)
-    if deep.stages == _LONG_K_STAGES and chains_tiles(deep, m, n, k):
+    if deep.stages == _LONG_K_STAGES and chains_tiles(deep, m, n, k, groups):
       return deep
   return _fit_stages(cfg, out_dtype, c_dtype, max_stages=max_stages)
 

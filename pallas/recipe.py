@@ -77,3 +77,9 @@ def recipe_for(b_scale_rows: int) -> ScaleRecipe:
     return PER_ROW
   raise ValueError(f"b_scale_rows must be {SCALE_N} (128x128 blocks) or 1 (per row), "
                    f"got {b_scale_rows}")
+
+
+def zero_unless(keep, x):
+  """x where keep, else 0, by a select (a zero factor must never be inf * 0).
+  keep may be a scalar: Mosaic GPU's select takes operands of one shape."""
+  return jnp.where(jnp.broadcast_to(keep, jnp.shape(x)), x, jnp.zeros_like(x))

@@ -11,7 +11,8 @@ from jax_fp8.pallas import blackwell
 from jax_fp8.pallas.blackwell import BlackwellConfig
 from jax_fp8.pallas.common import C_DTYPES, SCALE_N, SMEM_BYTES, unsupported_reason
 
-__all__ = ["blockwise_fp8_dot", "default_config", "unsupported_reason"]
+__all__ = ["blockwise_fp8_dot", "default_config", "masked_dot", "ragged_dot",
+           "unsupported_reason"]
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
@@ -42,3 +43,19 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_row
                                  c_dtype=_c_dtype(c))
   return blackwell.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
                                      b_scale_rows=b_scale_rows, config=cfg)
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
+               config: BlackwellConfig | None = None):
+  """Grouped rows of a [M, K] times b [G, N, K] (see blackwell.ragged_dot)."""
+  cfg = config or default_config(a.shape[0], b.shape[1], a.shape[1], out_dtype=out_dtype)
+  return blackwell.ragged_dot(a, a_scale, b, b_scale, group_sizes, out_dtype=out_dtype,
+                              config=cfg)
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
+               config: BlackwellConfig | None = None):
+  """G masked GEMMs a [G, M, K] times b [G, N, K] (see blackwell.masked_dot)."""
+  cfg = config or default_config(a.shape[1], b.shape[1], a.shape[2], out_dtype=out_dtype)
+  return blackwell.masked_dot(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype,
+                              config=cfg)

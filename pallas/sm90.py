@@ -7,7 +7,7 @@ import numpy as np
 from jax_fp8.pallas import hopper, hopper_tiling
 from jax_fp8.pallas.common import SCALE_N, unsupported_reason
 
-__all__ = ["blockwise_fp8_dot", "unsupported_reason"]
+__all__ = ["blockwise_fp8_dot", "masked_dot", "ragged_dot", "unsupported_reason"]
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=SCALE_N,
@@ -21,3 +21,21 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_row
                                            c_dtype=c_dtype, b_scale_rows=b_scale_rows)
   return hopper.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
                                   b_scale_rows=b_scale_rows, config=cfg)
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
+               config: hopper.HopperConfig | None = None):
+  """Grouped rows of a [M, K] times b [G, N, K] (see hopper.ragged_dot)."""
+  m, k = a.shape
+  cfg = config or hopper_tiling.default_config(m, b.shape[1], k, out_dtype=out_dtype,
+                                               grouped=True)
+  return hopper.ragged_dot(a, a_scale, b, b_scale, group_sizes, out_dtype=out_dtype, config=cfg)
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
+               config: hopper.HopperConfig | None = None):
+  """G masked GEMMs a [G, M, K] times b [G, N, K] (see hopper.masked_dot)."""
+  g, m, k = a.shape
+  cfg = config or hopper_tiling.default_config(m, b.shape[1], k, out_dtype=out_dtype,
+                                               groups=g, grouped=True)
+  return hopper.masked_dot(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype, config=cfg)
