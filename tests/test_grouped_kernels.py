@@ -73,11 +73,11 @@ def _interpret(fn, *args):
 
 # (M, N, K, group_sizes, out_dtype): groups that start and end inside tiles, an
 # empty group, one row, 129 rows (a tile and one row), rows past the sum; all
-# rows in one group; partial N and K blocks.
+# rows in one group; partial N and K blocks. (The kernels' own tests, with small
+# tiles and several CTAs: test_kernel_variants.py; these go through the API.)
 RAGGED_INTERPRET = [
     (200, 192, 384, [37, 0, 1, 129, 3], F32),
     (130, 136, 300, [0, 130, 0], BF16),
-    (70, 64, 256, [0, 0, 5, 0], F32),
 ]
 
 
@@ -113,7 +113,7 @@ def test_masked_interpret(backend, g, m, n, k, masked_m, out_dtype):
     assert np.all(np.asarray(out[i, rows:], np.float32) == 0)
 
 
-@pytest.mark.parametrize("backend", _params("ragged"))
+@pytest.mark.parametrize("backend", _params("ragged")[:1])   # the API's part: one kernel
 def test_ragged_interpret_device_values_outside_the_contract(backend):
   # The API normalises: negative sizes count as 0, the groups are cut at M.
   ops = testing.random_ragged_operands(5, 100, 128, 256, [0, 0, 0])
