@@ -154,3 +154,17 @@ def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.bfloat16) -> j
   out = _rows_by_group(a.reshape(g * m, k), a_scale.reshape(g * m, kb), b, b_scale, starts, ends,
                        tile_rows=_tile_rows(m, n, kb))
   return out.reshape(g, m, n).astype(out_dtype)
+
+
+def glu(a, a_scale, b, b_scale, *, activation, out_dtype, power_of_two_scales=False):
+  """act(a @ gate.T) * (a @ up.T), b = [gate; up] [2F, K]; see jax_fp8.blockwise_fp8_glu."""
+  f = b.shape[0] // 2
+  both = blockwise_fp8_dot(a, a_scale, b, b_scale, out_dtype=jnp.float32)
+  gate, up = both[..., :f], both[..., f:]
+  act = {"silu": lambda x: x / (1.0 + jnp.exp(-x)),
+         "gelu": lambda x: jax.nn.gelu(x, approximate=True),
+         "relu": lambda x: jnp.maximum(x, 0.0)}[activation]
+  out = act(gate) * up
+  if jnp.dtype(out_dtype) == jnp.dtype(quantize.FP8):
+    return quantize.quantize_1x128(out, power_of_two_scales=power_of_two_scales)
+  return out.astype(out_dtype)

@@ -29,7 +29,8 @@ def unsupported_reason(op, m, n, k, *, out_dtype, has_c=False, b_scale_rows=SCAL
     return f"b_scale_rows must be {SCALE_N} (128x128 blocks) or 1 (per row), got {b_scale_rows}"
   if b_scale_rows != SCALE_N and op != "blockwise_fp8_dot":
     return f"{op} takes 128x128 b scales only"
-  if np.dtype(out_dtype) not in OUT_DTYPES + ((FP8_OUT,) if op == "blockwise_fp8_dot" else ()):
+  if np.dtype(out_dtype) not in OUT_DTYPES + ((FP8_OUT,) if op in ("blockwise_fp8_dot", "glu")
+                                              else ()):
     return f"out_dtype must be bfloat16 or float32 (or float8_e4m3fn), got {out_dtype}"
   if min(m, n, k) < 1:
     return "empty problem"
