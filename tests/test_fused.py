@@ -62,7 +62,7 @@ def test_vmap_over_activations():
      "multiple of 128"),
     (dict(activation="tanh"), ValueError, "activation"),
     (dict(out_dtype=jnp.float16), TypeError, "out_dtype"),
-    (dict(b_scale=jnp.ones((2, 2), jnp.float32)), ValueError, "b_scale"),
+    (dict(b_scale=jnp.ones((3, 2), jnp.float32)), ValueError, "b_scale"),
     (dict(backend="cuda"), ValueError, "backend"),
 ])
 def test_validation_names_the_argument(change, error, match):
