@@ -12,6 +12,9 @@ if not _os.path.isdir(_os.path.join(_here, "pallas")):
 
 from jax_fp8.backends import BackendUnavailableError
 from jax_fp8.dense import dense
+from jax_fp8.fused import blockwise_fp8_glu, blockwise_fp8_glu_p
+from jax_fp8.grouped import (blockwise_fp8_masked_dot, blockwise_fp8_masked_dot_p,
+                             blockwise_fp8_ragged_dot, blockwise_fp8_ragged_dot_p)
 from jax_fp8.primitive import NotDifferentiableError, blockwise_fp8_dot, blockwise_fp8_dot_p
 from jax_fp8.quantize import (dequantize_128x128, dequantize_1x128, quantize_128x128,
                               quantize_1x128, quantize_1x128_with_transpose)
@@ -21,6 +24,9 @@ from jax_fp8.quantize import (dequantize_128x128, dequantize_1x128, quantize_128
 __version__ = "0.1.0"
 __all__ = [
     "BackendUnavailableError", "NotDifferentiableError", "blockwise_fp8_dot",
-    "blockwise_fp8_dot_p", "dense", "dequantize_128x128", "dequantize_1x128",
-    "quantize_128x128", "quantize_1x128", "quantize_1x128_with_transpose",
+    "blockwise_fp8_dot_p", "blockwise_fp8_glu", "blockwise_fp8_glu_p",
+    "blockwise_fp8_masked_dot", "blockwise_fp8_masked_dot_p", "blockwise_fp8_ragged_dot",
+    "blockwise_fp8_ragged_dot_p", "dense",
+    "dequantize_128x128", "dequantize_1x128", "quantize_128x128", "quantize_1x128",
+    "quantize_1x128_with_transpose",
 ]
