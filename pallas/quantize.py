@@ -12,9 +12,10 @@ block grid is transpose-invariant, so q_t of a weight shares its blocks' scales.
 
 Semantics (jax_fp8's quantiser decisions; scales bitwise, q bitwise):
   amax = max |x| over the group, NaN-propagating;
-  scale = amax / 448 rounded once to float32; 0 (all zeros, or underflow) -> 1;
-  power_of_two_scales: the smallest float32 power of two 2^e with
-    amax <= 448 * 2^e, by exponent arithmetic (0 -> 1; NaN, Inf stay);
+  scale = amax / 448 rounded once to float32; a scale below float32's normal
+    range (all zeros, or amax / 448 < 2^-126) -> 1;
+  power_of_two_scales: the smallest power of two 2^e >= 2^-126 with
+    amax <= 448 * 2^e, by exponent arithmetic (all zeros -> 1);
   q = float8_e4m3fn(clip(x / scale, -448, 448)) with x / scale rounded once.
 So a group holding a NaN gets scale NaN (its q are NaN), one holding an Inf
 but no NaN gets scale Inf (its finite q are 0, the Inf ones NaN).
@@ -46,10 +47,11 @@ Exact arithmetic: Mosaic GPU compiles float32 `/` to PTX `div.full.f32` (an
 approximation within 2 ulp), so the compiled kernels divide with
 `div.rn.f32` in inline PTX. In GPU interpret mode (XLA on the CPU) the
 division is XLA's, with the divisor behind an optimisation barrier (XLA
-rewrites a / broadcast(b) into a * (1 / b), two roundings), and a NaN test is
-added to the max (XLA's CPU max reduction can drop NaN). XLA's CPU code also
-flushes subnormals to zero, so interpret mode cannot show groups whose amax
-is below 448 * 2^-126 or whose subnormal inputs matter; the GPU tests do.
+rewrites a / broadcast(b) into a * (1 / b), two roundings). The amax is an
+integer max of the magnitude bits (NaN-propagating, subnormals included, on
+every platform). XLA's CPU code flushes subnormal inputs of x / scale to zero,
+so interpret mode cannot show a group whose subnormal elements quantise to
+nonzero FP8 (amax below about 448 * 2^-116); the GPU tests do.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ GROUP = 128           # elements of one scale group (row-wise and column-wise); 
 E4M3_MAX = 448.0      # largest finite float8_e4m3fn
 FP8 = jnp.dtype(jnp.float8_e4m3fn)
 IN_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+MIN_NORMAL = float(np.finfo(np.float32).tiny)   # 2^-126
 SMEM_BYTES = 227 * 1024
 CHUNK = 64            # rows of one register chunk (a warpgroup array in the WGMMA layout)
 OPS = ("quantize_1x128", "quantize_1x128_with_transpose", "quantize_128x128")
@@ -167,44 +170,43 @@ def _exact_div(a, b, layout):
   return div_rn(a, b)
 
 
-def _nan_max(v, axis=None):
-  """max of v along axis (all axes: None), NaN-propagating."""
-  m = jnp.max(v, axis=axis)  # max.NaN on the GPU
-  if device.interpret_mode_active():
-    # XLA's CPU max reduction (its YNNPACK fusion) can drop NaN.
-    m = jnp.where(jnp.any(jnp.isnan(v), axis=axis), jnp.nan, m)
-  return m
+def _magnitude_bits(v):
+  """|v| as same-width integers: float magnitudes order like their bit patterns, and
+  every NaN's lies above Inf's, so an integer max is a NaN-propagating amax that
+  sees subnormals on every platform (XLA's CPU code flushes them to zero, and its
+  float max reduction can drop NaN)."""
+  int_type = {2: jnp.int16, 4: jnp.int32}[np.dtype(v.dtype).itemsize]
+  sign_off = (1 << (8 * np.dtype(v.dtype).itemsize - 1)) - 1
+  return lax.bitcast_convert_type(v, int_type) & sign_off
 
 
-def _row_amax(v):
-  """max |v| over each row of a chunk, NaN-propagating, as float32 (exact in v's dtype)."""
-  return _nan_max(jnp.abs(v), axis=1).astype(jnp.float32)
+def _as_amax(bits, dtype):
+  """The float32 amax of magnitude bits of `dtype` (exact)."""
+  return lax.bitcast_convert_type(bits, dtype).astype(jnp.float32)
 
 
 def _pow2_scale(amax):
-  """The smallest float32 power of two 2^e with amax <= 448 * 2^e (amax > 0, finite)."""
+  """The smallest power of two 2^e >= 2^-126 with amax <= 448 * 2^e (finite amax)."""
   bits = lax.bitcast_convert_type(amax, jnp.int32)
-  # A subnormal amax is an integer m times 2^-149: take m's exponent instead.
-  subnormal = bits < 0x800000
-  normal = lax.bitcast_convert_type(jnp.where(subnormal, bits.astype(jnp.float32), amax),
-                                    jnp.int32)
-  # amax = 1.f * 2^E and 448 = 1.75 * 2^8: e = E - 8, or E - 7 if 1.f > 1.75.
-  e = (lax.shift_right_logical(normal, 23) - (127 + 8)
-       + jnp.where((normal & 0x7FFFFF) > 0x600000, 1, 0) - jnp.where(subnormal, 149, 0))
-  e = jnp.maximum(e, -149)  # 2^-149 is the smallest float32 power of two
-  one = jnp.ones_like(e)
-  scale_bits = jnp.where(e >= -126, lax.shift_left(e + 127, 23),
-                         lax.shift_left(one, jnp.maximum(e + 149, 0)))
-  return lax.bitcast_convert_type(scale_bits, jnp.float32)
+  # amax = 1.m * 2^E and 448 = 1.75 * 2^8: e = E - 8, or E - 7 if 1.m > 1.75; the
+  # same in biased exponents. A subnormal amax (biased 0) ends at the clamp.
+  biased = (lax.shift_right_logical(bits, 23) - 8
+            + jnp.where((bits & 0x7FFFFF) > 0x600000, 1, 0))
+  scale = lax.bitcast_convert_type(lax.shift_left(jnp.maximum(biased, 1), 23), jnp.float32)
+  return jnp.where(bits == 0, 1.0, scale)
 
 
 def _scale(amax, pow2: bool, layout):
-  """The group scale of each amax (float32; NaN and Inf pass through)."""
+  """The float32 group scale of each amax (NaN and Inf pass through).
+
+  A scale below float32's normal range (amax = 0, or amax / 448 < 2^-126) is 1,
+  and power-of-two scales are at least 2^-126: no subnormal scale, which XLA's
+  CPU code would flush to zero.
+  """
   if pow2:
-    scale = jnp.where(amax == 0, 1.0, _pow2_scale(amax))
-    return jnp.where(amax < jnp.inf, scale, amax)  # amax >= 0: NaN and Inf fail
+    return jnp.where(amax < jnp.inf, _pow2_scale(amax), amax)  # amax >= 0: NaN, Inf fail
   scale = _exact_div(amax, jnp.full(amax.shape, E4M3_MAX, jnp.float32), layout)
-  return jnp.where(scale == 0, 1.0, scale)
+  return jnp.where(scale < MIN_NORMAL, 1.0, scale)  # NaN < x is false: NaN stays
 
 
 def _quantize(v, scale):
@@ -252,15 +254,19 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
 
   if op == "quantize_128x128":
     # One block per CTA: its scale first (each row's amax, then over rows).
-    amax = None
+    row_bits = None
     for r, c in row_chunks:
-      chunk_amax = _nan_max(_row_amax(plgpu.load(x_smem.at[r, c], layout=_CHUNK_LAYOUT)))
-      amax = chunk_amax if amax is None else jnp.maximum(amax, chunk_amax)
-    # The scale arithmetic runs on arrays (inline PTX takes no scalars): the
-    # block's amax in every row of a chunk-row vector.
-    block_scale = _scale(plgpu.layout_cast(jnp.full((CHUNK,), amax, jnp.float32), _ROW_LAYOUT),
-                         pow2, _ROW_LAYOUT)
-    scale_value = _nan_max(block_scale)  # all equal
+      v = plgpu.load(x_smem.at[r, c], layout=_CHUNK_LAYOUT)
+      bits = jnp.max(_magnitude_bits(v), axis=1)
+      row_bits = bits if row_bits is None else jnp.maximum(row_bits, bits)
+    # The scale arithmetic runs on arrays (inline PTX and bitcasts take no
+    # scalars): the block's amax in every row of a chunk-row vector.
+    block_bits = plgpu.layout_cast(jnp.full((CHUNK,), jnp.max(row_bits)), _ROW_LAYOUT)
+    block_scale = _scale(_as_amax(block_bits, x_smem.dtype), pow2, _ROW_LAYOUT)
+    scale_value = jnp.max(block_scale)  # all equal; max.NaN keeps a NaN
+    if device.interpret_mode_active():
+      # XLA's CPU max reduction can drop NaN.
+      scale_value = jnp.where(jnp.isnan(block_scale).any(), jnp.nan, scale_value)
     s_gmem[ti, ki] = scale_value
     if transpose:
       st_gmem[ki, ti] = scale_value
@@ -272,7 +278,8 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
       if op == "quantize_128x128":
         scale = lax.broadcast_in_dim(block_scale, v.shape, [0])
       else:
-        row_scale = _scale(_row_amax(v), pow2, _ROW_LAYOUT)
+        amax = _as_amax(jnp.max(_magnitude_bits(v), axis=1), v.dtype)
+        row_scale = _scale(amax, pow2, _ROW_LAYOUT)
         # This chunk's rows are x's columns c (transposed) or rows r; its group
         # is x's row group r // 128 (transposed) or column group c // 128.
         if transposed:

@@ -1,15 +1,17 @@
 """The fused quantiser kernels (pallas/quantize.py) against a numpy model of the decisions.
 
-The model below is jax_fp8's quantiser semantics (README, common decisions) in
-numpy float32, whose division is IEEE's: scales must match it bitwise, q too
-(any NaN matches any NaN). Inputs have scales spanning binades (rows and
+The model below is jax_fp8's quantiser semantics (the project's decisions, with
+the reading of "amax / 448 underflows" that jax_fp8/quantize.py takes: no scale
+below float32's normal range) in numpy float32, whose division is IEEE's:
+scales must match it bitwise, q too (any NaN matches any NaN). Inputs have scales spanning binades (rows and
 columns scaled by 2^-20 .. 2^20) so that a division rounded twice shows.
 
 CPU (CI): the kernels run in GPU interpret mode with race detection, outputs
 poisoned with NaN (an unwritten tile fails), on small shapes; every kernel
 variant is also lowered for CUDA (sm_90a, and sm_100a's Python-side
 lowering). Interpret mode runs XLA's CPU arithmetic, which flushes
-subnormals: the edge cases that depend on them run on the GPU only.
+subnormal inputs of the division: the edge cases that depend on them run on
+the GPU only.
 GPU (Hopper): DeepSeek-V3 sizes and every edge case, bitwise.
 """
 import functools
@@ -34,21 +36,25 @@ E4M3_MAX = np.float32(448.0)
 
 # ---- the model ---------------------------------------------------------------------
 
+MIN_NORMAL = np.finfo(np.float32).tiny  # 2^-126
+
+
 def _pow2_scale(amax):
-  """The smallest float32 power of two 2^e with amax <= 448 * 2^e (amax > 0, finite)."""
+  """The smallest power of two 2^e >= 2^-126 with amax <= 448 * 2^e (amax > 0, finite)."""
   m, e = np.frexp(amax.astype(np.float64))  # amax = m * 2^e, m in [0.5, 1); 448 = 0.875 * 2^9
   e = np.where(m <= 0.875, e - 9, e - 8)
-  return np.ldexp(1.0, np.maximum(e, -149)).astype(np.float32)
+  return np.ldexp(1.0, np.maximum(e, -126)).astype(np.float32)
 
 
 def model_scale(amax, pow2):
+  """amax / 448 (IEEE), or the power of two; a scale below float32's normal range is 1."""
   amax = np.asarray(amax, np.float32)
   with np.errstate(all="ignore"):
     if pow2:
       scale = np.where(amax == 0, np.float32(1), _pow2_scale(amax))
       return np.where(np.isfinite(amax), scale, amax).astype(np.float32)
     scale = amax / E4M3_MAX
-    return np.where(scale == 0, np.float32(1), scale).astype(np.float32)
+    return np.where(scale < MIN_NORMAL, np.float32(1), scale).astype(np.float32)
 
 
 def _model_q(x, scale):
@@ -105,14 +111,18 @@ def assert_bitwise(out, want):
 
 
 def test_model_scales():
-  """The model's own edges: 448 * 2^e is its own power; one ulp more is the next."""
+  """The model's own edges: 448 * 2^e is its own power; one ulp more is the next;
+  no subnormal scale."""
   amax = np.float32([448.0, 448.0 * 2**-20, np.nextafter(np.float32(448), np.float32(1e9)),
-                     1.0, 0.0, np.inf, np.nan, 2.0**-149, 3.4e38])
+                     1.0, 0.0, np.inf, np.nan, 2.0**-149, 3.4e38, 2.0**-120, 448 * 2.0**-126])
   s = model_scale(amax, pow2=True)
   np.testing.assert_array_equal(s[:6], np.float32([1.0, 2**-20, 2.0, 2**-8, 1.0, np.inf]))
-  assert np.isnan(s[6]) and s[7] == np.float32(2.0**-149) and s[8] == np.float32(2.0**120)
+  assert np.isnan(s[6]) and s[8] == np.float32(2.0**120)
+  np.testing.assert_array_equal(s[[7, 9, 10]], np.float32(2.0**-126))
   s = model_scale(amax, pow2=False)
-  assert s[0] == 1.0 and s[4] == 1.0 and s[7] == 1.0 and s[5] == np.inf and np.isnan(s[6])
+  assert s[0] == 1.0 and s[4] == 1.0 and s[5] == np.inf and np.isnan(s[6])
+  np.testing.assert_array_equal(s[[7, 9]], np.float32(1.0))  # amax / 448 below 2^-126
+  assert s[10] == np.float32(2.0**-126)
   # One rounding: amax / 448 correctly rounded (float64 then float32 is, for a
   # quotient of float32 numbers), which amax * (1 / 448) often is not.
   a = np.abs(random_input((64, 64), F32)).ravel()
@@ -144,7 +154,8 @@ def _e4m3_midpoints():
 
 def edge_groups(gpu: bool):
   """128-element groups, one edge case each. gpu=False leaves out the cases XLA's
-  CPU arithmetic (interpret mode) cannot show: it flushes subnormals to zero."""
+  CPU arithmetic (interpret mode) cannot show: it flushes subnormal inputs of the
+  division to zero."""
   rng = np.random.default_rng(7)
   base = rng.standard_normal(128).astype(np.float32)
   groups = {
@@ -167,13 +178,13 @@ def edge_groups(gpu: bool):
       "subnormals beside 1": np.where(np.arange(128) == 0, np.float32(1.0),
                                       base * np.float32(2.0**-140)),
       "one nonzero": np.where(np.arange(128) == 64, np.float32(-3.0), np.float32(0.0)),
+      "amax / 448 underflows": np.where(np.arange(128) == 9, np.float32(2.0**-149),
+                                        np.float32(0.0)),
   }
-  if gpu:
+  if gpu:  # power-of-two scales of 2^-126 make subnormal inputs nonzero FP8
     groups.update({
         "all subnormal": base * np.float32(2.0**-140),
         "amax below 448 * 2^-126": base * np.float32(2.0**-120),
-        "amax / 448 underflows": np.where(np.arange(128) == 9, np.float32(2.0**-149),
-                                          np.float32(0.0)),
         "smallest normal amax": np.where(np.arange(128) == 2, np.float32(2.0**-126),
                                          base * np.float32(2.0**-130)),
     })
