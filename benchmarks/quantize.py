@@ -110,12 +110,12 @@ def op_fn(op, pow2):
       return functools.partial(pallas_quantize.quantize_128x128, power_of_two_scales=pow2,
                                with_transpose=True)
     return functools.partial(getattr(pallas_quantize, name), power_of_two_scales=pow2)
-  rowwise = functools.partial(jax_fp8.quantize_1x128, power_of_two_scales=pow2)
+  rowwise = functools.partial(jax_fp8.quantize_1x128, power_of_two_scales=pow2, backend="jnp")
   if op == "quantize_1x128":
     return rowwise
   if op == "quantize_1x128_with_transpose":
     return lambda x: (*rowwise(x), *rowwise(x.T))
-  return functools.partial(jax_fp8.quantize_128x128, power_of_two_scales=pow2)
+  return functools.partial(jax_fp8.quantize_128x128, power_of_two_scales=pow2, backend="jnp")
 
 
 def op_bytes(op, r, c, in_bytes):

@@ -13,10 +13,11 @@ if not _os.path.isdir(_os.path.join(_here, "pallas")):
 from jax_fp8.backends import BackendUnavailableError
 from jax_fp8.primitive import blockwise_fp8_dot, blockwise_fp8_dot_p
 from jax_fp8.quantize import (dequantize_128x128, dequantize_1x128, quantize_128x128,
-                              quantize_1x128)
+                              quantize_1x128, quantize_1x128_with_transpose)
 
 __version__ = "0.1.0"
 __all__ = [
     "BackendUnavailableError", "blockwise_fp8_dot", "blockwise_fp8_dot_p",
     "dequantize_128x128", "dequantize_1x128", "quantize_128x128", "quantize_1x128",
+    "quantize_1x128_with_transpose",
 ]

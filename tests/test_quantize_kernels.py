@@ -423,3 +423,72 @@ def test_cross_compiles_for_sm100a():
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
   report = json.loads(run.stdout.strip().splitlines()[-1])
   assert report["ok"], report
+
+
+# ---- through the API (jax_fp8.quantize_*, backend=) ---------------------------------
+
+def test_api_pallas_interpret():
+  """backend="pallas" in interpret mode: batch dims fold into T; the results are the
+  kernels' (bitwise the model's)."""
+  import jax_fp8
+  x = random_input((2 * 3 * 40, 300), BF16, seed=21).reshape(2, 3, 40, 300)
+  w = random_input((200, 260), F32, seed=22)
+  with testing.gpu_interpret_mode(detect_races=True, uninitialized_memory="nan"):
+    q, s = jax.jit(lambda x: jax_fp8.quantize_1x128(x, backend="pallas"))(x)
+    qt = jax.jit(lambda x: jax_fp8.quantize_1x128_with_transpose(
+        x, power_of_two_scales=True, backend="pallas"))(x[0, 0])
+    qw = jax.jit(lambda w: jax_fp8.quantize_128x128(w, backend="pallas"))(w)
+  want_q, want_s = expected("quantize_1x128", x.reshape(-1, 300), False)
+  assert q.shape == x.shape and s.shape == (2, 3, 40, 3)
+  assert_bitwise((q.reshape(-1, 300), s.reshape(-1, 3)), (want_q, want_s))
+  assert_bitwise(qt, expected("quantize_1x128_with_transpose", x[0, 0], True))
+  assert_bitwise(qw, expected("quantize_128x128", w, False))
+
+
+def test_api_backends_on_the_cpu():
+  import jax_fp8
+  x = random_input((64, 256), BF16, seed=23)
+  # No GPU and no interpret mode: "auto" is the jnp version, "pallas" cannot run.
+  auto = jax.jit(jax_fp8.quantize_1x128_with_transpose)(x)
+  ref = jax_fp8.quantize_1x128_with_transpose(x, backend="jnp")
+  for a, r in zip(auto, ref):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(r).view(np.uint8))
+  text = jax.jit(jax_fp8.quantize_1x128).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" not in text  # no Hopper GPU here: auto never traces the kernel
+  with pytest.raises(jax_fp8.BackendUnavailableError, match="Hopper or Blackwell"):
+    jax_fp8.quantize_1x128(x, backend="pallas")
+  with pytest.raises(jax_fp8.BackendUnavailableError, match="input dtype"):
+    with testing.gpu_interpret_mode():
+      jax_fp8.quantize_128x128(jnp.ones((4, 4), jnp.float8_e5m2), backend="pallas")
+  with pytest.raises(ValueError, match="backend must be one of"):
+    jax_fp8.quantize_128x128(x, backend="cuda")
+  with pytest.raises(ValueError, match="2-D"):
+    jax_fp8.quantize_1x128_with_transpose(x[0])
+  q, s = jax_fp8.quantize_1x128(jnp.zeros((0, 3, 256)), backend="pallas")  # nothing to launch
+  assert q.shape == (0, 3, 256) and s.shape == (0, 3, 2)
+
+
+def test_api_explicit_sharding_is_not_for_the_kernel():
+  """The kernels take whole arrays: an input sharded over Explicit mesh axes stays with
+  jnp under "auto", and "pallas" says why it cannot run."""
+  import jax_fp8
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
+  with jax.set_mesh(mesh):
+    x = jax.device_put(random_input((256, 256), F32), NamedSharding(mesh, PartitionSpec("x")))
+    with testing.gpu_interpret_mode():
+      with pytest.raises(jax_fp8.BackendUnavailableError, match="Explicit mesh axes"):
+        jax_fp8.quantize_1x128(x, backend="pallas")
+
+
+@requires_gpu(major=9)
+def test_api_auto_uses_the_kernel_gpu():
+  import jax_fp8
+  x = random_input((2, 4096, 7168), BF16, seed=24)
+  text = jax.jit(jax_fp8.quantize_1x128).trace(x).lower().as_text()
+  assert "mosaic_gpu" in text
+  q, s = jax.jit(jax_fp8.quantize_1x128)(x)
+  assert_bitwise((q.reshape(-1, 7168), s.reshape(-1, 56)),
+                 expected("quantize_1x128", x.reshape(-1, 7168), False))
+  out = jax.jit(jax_fp8.quantize_1x128_with_transpose)(x[0])
+  assert_bitwise(out, expected("quantize_1x128_with_transpose", x[0], False))
