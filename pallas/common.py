@@ -13,6 +13,7 @@ K_BLOCK = 128          # one scale block of K = one pipeline step
 SCALE_N = 128          # columns sharing one b_scale value
 SMEM_BYTES = 227 * 1024
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
+FP8_OUT = np.dtype(jnp.float8_e4m3fn)   # quantised 1x128 in the epilogue (dense op)
 C_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
 
 
@@ -28,8 +29,8 @@ def unsupported_reason(op, m, n, k, *, out_dtype, has_c=False, b_scale_rows=SCAL
     return f"b_scale_rows must be {SCALE_N} (128x128 blocks) or 1 (per row), got {b_scale_rows}"
   if b_scale_rows != SCALE_N and op != "blockwise_fp8_dot":
     return f"{op} takes 128x128 b scales only"
-  if np.dtype(out_dtype) not in OUT_DTYPES:
-    return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
+  if np.dtype(out_dtype) not in OUT_DTYPES + ((FP8_OUT,) if op == "blockwise_fp8_dot" else ()):
+    return f"out_dtype must be bfloat16 or float32 (or float8_e4m3fn), got {out_dtype}"
   if min(m, n, k) < 1:
     return "empty problem"
   if m >= 2**31 or n >= 2**31 or k >= 2**31:

@@ -41,8 +41,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, problem
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, pad_for_tma, tiled,
+from jax_fp8.pallas import device, problem, quant_math
+from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, pad_for_tma, tiled,
                                    unsupported_reason)
 from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline
 from jax_fp8.pallas.recipe import zero_unless
@@ -196,23 +196,26 @@ def num_sms() -> int:
 
 # ----------------------------------------------------------------------------- the kernel
 
-def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
             cfg: HopperConfig, prob: problem.Problem):
   """One CTA. Shapes (every operand carries a leading group axis):
   a [Ga, rows, K], as [Ga, scale_rows, kb], b [Gb, N', K], bs [Gb, nb, kb] or
-  (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None, out [Go, rows, cols]."""
+  (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None; outs: out [Go, rows, cols]
+  (FP8 output: and its scales [Go, cols / 128, rows'])."""
+  out_gmem = outs[0] if len(outs) == 1 else outs
   consumers, stages, k_step = cfg.consumers, cfg.stages, cfg.k_step
   tile_m, tile_n, step_k = cfg.tile_m, cfg.tile_n, K_BLOCK * cfg.k_step
   k_steps = pl.cdiv(prob.k_blocks, k_step)
   cluster_axes = ("cluster",) if cfg.cluster_m * cfg.cluster_n > 1 else ()
   sched = dataclasses.replace(prob.scheduler, **meta)  # its metadata refs (grouped)
+  out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   fp8 = a_gmem.dtype
   cm, cn = cfg.chunk()
   scratch = dict(
       a_smem=plgpu.SMEM((stages, tile_m, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
-      out_smem=plgpu.SMEM((consumers, cfg.out_slots(), cm, cfg.epi_tile_n), out_gmem.dtype,
-                          transforms=tiled(out_gmem.dtype, cfg.epi_tile_n)),
+      out_smem=plgpu.SMEM((consumers, cfg.out_slots(), cm, cfg.epi_tile_n), out_dtype,
+                          transforms=tiled(out_dtype, cfg.epi_tile_n)),
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=2, empty_arrivals=consumers,
                                           cluster_axes=cluster_axes),
   )
@@ -451,7 +454,14 @@ class _Warpgroup:
       if self.prob.zero_rows:
         row = rows.start + plgpu.broadcasted_iota(i32, val.shape, 0, layout=plgpu.Layout.WGMMA)
         val = zero_unless(row < tile.row_end, val)
-      stores.store(i, val, out_gmem.at[tile.out_group, rows, cols])
+      dst = out_gmem
+      if self.prob.quantize_out:
+        # FP8 output: a piece is a whole 128-column chunk, one 1x128 group per row.
+        dst, s_gmem = out_gmem
+        scale = quant_math.scale_from_amax(quant_math.row_amax(val), self.prob.power_of_two)
+        val = quant_math.quantize(val, lax.broadcast_in_dim(scale, val.shape, [0]))
+        s_gmem.at[tile.out_group, lax.div(cols.start, i32(SCALE_N)), rows][...] = scale
+      stores.store(i, val, dst.at[tile.out_group, rows, cols])
 
 
 # ----------------------------------------------------------------------------- launch
@@ -462,7 +472,7 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
   grid = min((cfg.num_sms or num_sms()) // cl, launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
       functools.partial(_kernel, cfg=cfg, prob=launch.problem),
-      out_type=jax.ShapeDtypeStruct(launch.out_shape, launch.out_dtype),
+      out_type=launch.out_type,
       grid=(grid,),
       grid_names=("sm",),
       cluster=(cl,),
@@ -476,28 +486,37 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
 
 def _tiling(cfg: HopperConfig) -> problem.Tiling:
   cfg.check()
-  # The A-scales are loaded from GMEM as given, rows padded to whole chunks.
-  pad = functools.partial(pad_for_tma, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                          out_cols_multiple=64, transpose_a_scale=False,
-                          a_scale_rows_multiple=CHUNK_M)
+  def pad(a, a_scale, b, c, out_dtype):
+    # The A-scales are loaded from GMEM as given, rows padded to whole chunks;
+    # the output's columns to whole tiles of its SMEM layout.
+    (tiling, _) = tiled(out_dtype, cfg.epi_tile_n)
+    return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                       out_cols_multiple=max(64, tiling.tiling[1]), transpose_a_scale=False,
+                       a_scale_rows_multiple=CHUNK_M)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
                         cfg.cluster_m, cfg.cluster_n)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: HopperConfig,
-                      b_scale_rows=SCALE_N):
-  """2-D blockwise FP8 matmul with the tiling `config` (sm90.py chooses one)."""
+                      b_scale_rows=SCALE_N, power_of_two_scales=False):
+  """2-D blockwise FP8 matmul with the tiling `config` (sm90.py chooses one).
+  out_dtype float8_e4m3fn: returns (q, scale), quantised 1x128 in the epilogue;
+  every piece of the epilogue must then be a whole 128-column chunk."""
   m, k = a.shape
   reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
                               has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
+  if np.dtype(out_dtype) == FP8_OUT and (config.chunk()[1], config.epi_tile_n) != (128, 128):
+    raise ValueError("FP8 output needs 128-column warpgroup chunks stored whole "
+                     f"(chunk width and epi_tile_n 128), got {config}")
   split_blocks = pl.cdiv(k, K_BLOCK) // config.split_k
   if config.split_k > 1 and split_blocks % config.k_step:
     raise ValueError(f"k_step={config.k_step} must divide each split's {split_blocks} "
                      f"K blocks (K={k}, split_k={config.split_k})")
   return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
-                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows))
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows,
+                                    power_of_two_scales=power_of_two_scales))
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: HopperConfig):

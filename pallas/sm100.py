@@ -37,12 +37,13 @@ def _c_dtype(c):
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=SCALE_N,
-                      config: BlackwellConfig | None = None):
+                      power_of_two_scales=False, config: BlackwellConfig | None = None):
   """2-D blockwise FP8 matmul on a Blackwell GPU (or in GPU interpret mode)."""
   cfg = config or default_config(a.shape[0], b.shape[0], a.shape[1], out_dtype=out_dtype,
                                  c_dtype=_c_dtype(c))
   return blackwell.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
-                                     b_scale_rows=b_scale_rows, config=cfg)
+                                     b_scale_rows=b_scale_rows,
+                                  power_of_two_scales=power_of_two_scales, config=cfg)
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,

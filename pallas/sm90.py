@@ -11,7 +11,7 @@ __all__ = ["blockwise_fp8_dot", "masked_dot", "ragged_dot", "unsupported_reason"
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=SCALE_N,
-                      config: hopper.HopperConfig | None = None):
+                      power_of_two_scales=False, config: hopper.HopperConfig | None = None):
   """2-D blockwise FP8 matmul on a Hopper GPU (or in GPU interpret mode)."""
   m, k = a.shape
   c_dtype = None if c is None else np.dtype(c.dtype)
@@ -20,7 +20,8 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_row
   cfg = config or hopper_tiling.config_for(m, b.shape[0], k, out_dtype=out_dtype,
                                            c_dtype=c_dtype, b_scale_rows=b_scale_rows)
   return hopper.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
-                                  b_scale_rows=b_scale_rows, config=cfg)
+                                  b_scale_rows=b_scale_rows,
+                                  power_of_two_scales=power_of_two_scales, config=cfg)
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
