@@ -287,6 +287,27 @@ def test_edge_values_bf16_interpret():
   assert_bitwise(_interpret(_kernel_fn(op, False), x.T), expected(op, x.T, False))
 
 
+def test_kernels_match_the_jnp_quantisers_interpret():
+  """Bitwise against jax_fp8/quantize.py's jnp quantisers (called on the CPU, where they
+  are the jnp versions), once those follow the rules (branch rel: group_amax, true
+  divisions, exact power-of-two scales); main's older versions round twice."""
+  from jax_fp8 import quantize as jquant
+  if not hasattr(jquant, "group_amax"):
+    pytest.skip("jax_fp8/quantize.py's jnp quantisers do not follow the rules yet (branch rel)")
+  rows = jnp.asarray(edge_rows(gpu=False))
+  cases = [("quantize_1x128", random_input((256, 384), BF16, seed=5), False),
+           ("quantize_1x128_with_transpose", rows.T, True),
+           ("quantize_128x128", jnp.asarray(edge_blocks(gpu=False)), False),
+           ("quantize_128x128", random_input((256, 384), F32, seed=7), True)]
+  for op, x, pow2 in cases:
+    if op == "quantize_1x128_with_transpose":
+      want = (*jquant.quantize_1x128(x, power_of_two_scales=pow2),
+              *jquant.quantize_1x128(x.T, power_of_two_scales=pow2))
+    else:
+      want = getattr(jquant, op)(x, power_of_two_scales=pow2)
+    assert_bitwise(_interpret(_kernel_fn(op, pow2), x), want)
+
+
 # ---- lowering for CUDA (no GPU needed) --------------------------------------------
 
 LOWERINGS = [
