@@ -19,7 +19,7 @@ Ops (--ops, comma list; default all):
   pallas_quantize_128x128
   pallas_quantize_128x128_with_transpose (q, s, q_t, s_t of a weight from one read)
 
-Timing is the same as benchmarks/blockwise_dot.py: on a GPU, the kernel time
+Timing is benchmarks/harness/timing.py's, as for every benchmark: on a GPU, the kernel time
 CUPTI records (jax.experimental.mosaic.gpu.profiler.measure, all kernels of one
 call), warm, input sets rotated past the L2, median of --iters; on the CPU,
 wall-clock median with block_until_ready (CPU numbers).
@@ -33,23 +33,23 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
-import math
 import os
 import sys
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # blockwise_dot beside us
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # harness/ beside us
 
+import harness  # noqa: E402,F401  (puts the repository root on sys.path)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import blockwise_dot as bd  # noqa: E402  (also puts the repository root on sys.path)
 import jax_fp8  # noqa: E402
-from jax_fp8 import quantize as jquant  # noqa: E402
+from harness import cli  # noqa: E402
+from harness import env as envs  # noqa: E402
+from harness import timing  # noqa: E402
+from workloads import common  # noqa: E402
 
 FLAGS = flags.FLAGS
 # DeepSeek-V3 activations [tokens, features] and a weight [N, K].
@@ -78,15 +78,10 @@ def define_flags():
 def parse_shapes(spec, on_gpu):
   if spec == "auto":
     spec = GPU_SHAPES if on_gpu else CPU_SHAPES
-  shapes = []
-  for item in (s.strip().lower() for s in spec.split(",") if s.strip()):
-    try:
-      r, c = (int(p) for p in item.split("x"))
-    except ValueError:
-      raise app.UsageError(f"--shapes: {item!r} is not RxC with two positive integers") from None
-    if min(r, c) < 1:
-      raise app.UsageError(f"--shapes: {item!r} has a dimension < 1")
-    shapes.append((r, c))
+  shapes = [cli.parse_dims(item, 2, "shapes", "RxC with two positive integers")
+            for item in cli.split_list(spec)]
+  if not shapes:
+    raise cli.UsageError("--shapes is empty")
   return shapes
 
 
@@ -96,7 +91,7 @@ def parse_ops(spec):
   ops = tuple(o.strip() for o in spec.split(",") if o.strip())
   for o in ops:
     if o not in OPS:
-      raise app.UsageError(f"--ops: unknown op {o!r} (known: {', '.join(OPS)})")
+      raise cli.UsageError(f"--ops: unknown op {o!r} (known: {', '.join(OPS)})")
   return ("copy",) + tuple(o for o in ops if o != "copy")
 
 
@@ -123,7 +118,7 @@ def op_bytes(op, r, c, in_bytes):
   if op == "copy":
     return 2 * r * c * in_bytes
   op = op[len("pallas_"):] if op.startswith("pallas_") else op
-  nr, nc = jquant.num_blocks(r), jquant.num_blocks(c)
+  nr, nc = common.blocks(r), common.blocks(c)
   if op == "quantize_1x128":
     return r * c * in_bytes + r * c + 4 * r * nc
   if op == "quantize_1x128_with_transpose":
@@ -133,12 +128,12 @@ def op_bytes(op, r, c, in_bytes):
   return r * c * in_bytes + 2 * r * c + 8 * nr * nc  # 128x128 with its transpose
 
 
-def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=print,
+def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, env, log=print,
         ops=OPS, on_shape_done=lambda out: None):
   """Times `ops` at each shape; on_shape_done(results so far) after each shape."""
-  dev = bd.gpu_device() if on_gpu else None
+  on_gpu = env.on_gpu
   in_bytes = np.dtype(in_dtype).itemsize
-  log(f"device: {bd.device_description(dev)}")
+  log(f"device: {env.description()}")
   log("method: " + ("GPU kernel time through CUPTI (mosaic.gpu.profiler.measure)" if on_gpu
                     else "CPU wall clock (CPU numbers)")
       + f", median of {iters}, input sets rotated (>= {rotate_mb} MB, at most {max_sets}); "
@@ -149,15 +144,14 @@ def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=
   results = []
 
   def summary(complete):
-    return {"device": bd.device_description(dev), "platform": "gpu" if on_gpu else "cpu",
+    return {"device": env.description(), "platform": "gpu" if on_gpu else "cpu",
             "jax_version": jax.__version__, "power_of_two_scales": pow2,
             "in_dtype": np.dtype(in_dtype).name, "complete": complete,
             "method": ("cupti kernel time" if on_gpu else "cpu wall clock")
             + f", median of {iters}, rotating input sets", "results": results}
 
   for (r, c) in shapes:
-    nsets = 1 if rotate_mb <= 0 else max(
-        2, min(max_sets, math.ceil(rotate_mb * 2**20 / (2 * r * c * in_bytes))))
+    nsets = timing.num_sets(2 * r * c * in_bytes, rotate_mb, max_sets)
     keys = jax.random.split(jax.random.key(r * 7919 + c), nsets)
     xs = [(jax.random.normal(kk, (r, c), jnp.float32) * 3).astype(in_dtype) for kk in keys]
     copy_gbs, xla_ms = None, {}
@@ -173,10 +167,11 @@ def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=
       args = [(x, jnp.asarray(1.5, in_dtype)) if op == "copy" else (x,) for x in xs]
       try:
         if on_gpu:
-          ms, kernels, _ = bd._time_jax_gpu(fn, args, iters, warmup, out_bytes=r * c * in_bytes)
+          ms, kernels, _ = timing.time_jax_gpu(fn, args, iters, warmup,
+                                               out_bytes=r * c * in_bytes)
           row["kernels"] = kernels
         else:
-          ms, _ = bd._time_cpu(fn, args, iters, warmup)
+          ms, _ = timing.time_cpu(fn, args, iters, warmup)
         row["ms"] = ms
         row["gbs"] = row["bytes"] / (ms * 1e-3) / 1e9
         if op == "copy":
@@ -190,7 +185,7 @@ def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=
         vs = "-" if row["vs_xla"] is None else f"{row['vs_xla']:.2f}"
         log(f"{f'{r}x{c}':<14}{op:<40}{ms:>10.4f}{row['gbs']:>10.1f}{of:>9}{vs:>8}")
       except Exception as e:  # noqa: BLE001 (reported, not fatal)
-        row["error"] = bd._short(e)
+        row["error"] = timing.short_error(e)
         log(f"{f'{r}x{c}':<14}{op:<40}  unavailable: {row['error']}")
       results.append(row)
     del xs
@@ -198,25 +193,28 @@ def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=
   return summary(complete=True)
 
 
-def main(argv):
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  on_gpu = bd.gpu_device() is not None
-  if not on_gpu:
+def _main():
+  env = envs.detect()
+  shapes = parse_shapes(FLAGS.shapes, env.on_gpu)
+  if not env.on_gpu:
     print("no GPU found: CPU numbers")
+  ops = parse_ops(FLAGS.ops)
+
   def write(out):
     if FLAGS.json_out:  # after every shape: a run cut short keeps what it measured
       with open(FLAGS.json_out, "w") as f:
         json.dump(out, f, indent=1)
 
-  write(run(parse_shapes(FLAGS.shapes, on_gpu), np.dtype(FLAGS.in_dtype),
-            FLAGS.power_of_two_scales, max(1, FLAGS.iters), max(0, FLAGS.warmup),
-            FLAGS.rotate_mb, max(1, FLAGS.max_sets), on_gpu,
-            log=lambda s: print(s, flush=True), ops=parse_ops(FLAGS.ops), on_shape_done=write))
+  write(run(shapes, np.dtype(FLAGS.in_dtype), FLAGS.power_of_two_scales, max(1, FLAGS.iters),
+            max(0, FLAGS.warmup), FLAGS.rotate_mb, max(1, FLAGS.max_sets), env, log=cli.log,
+            ops=ops, on_shape_done=write))
   if FLAGS.json_out:
     print(f"wrote {FLAGS.json_out}")
   return 0
+
+
+def main(argv):
+  return cli.run_main(_main, argv)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, problem, quant_math
-from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, pad_for_tma, tiled,
-                                   unsupported_reason)
+from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, gate_activation,
+                                   pad_for_tma, tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline
 from jax_fp8.pallas.recipe import zero_unless
 
@@ -214,10 +214,10 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   scratch = dict(
       a_smem=plgpu.SMEM((stages, tile_m, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
-      out_smem=plgpu.SMEM((consumers, cfg.out_slots(), cm, cfg.epi_tile_n), out_dtype,
+      out_smem=plgpu.SMEM((consumers, _out_slots(cfg, prob), cm, cfg.epi_tile_n), out_dtype,
                           transforms=tiled(out_dtype, cfg.epi_tile_n)),
-      **ProducerConsumerPipeline.barriers(stages, full_arrivals=2, empty_arrivals=consumers,
-                                          cluster_axes=cluster_axes),
+      **ProducerConsumerPipeline.barriers(stages, full_arrivals=3 if prob.glu_rows else 2,
+                                          empty_arrivals=consumers, cluster_axes=cluster_axes),
   )
   if c_gmem is not None:
     scratch["c_smem"] = plgpu.SMEM((consumers, 2, cm, cfg.epi_tile_n), c_gmem.dtype,
@@ -259,9 +259,15 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
               plgpu.copy_gmem_to_smem(
                   a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols], a_smem.at[st.index],
                   bar, collective_axes=cluster_axes if cfg.cluster_n > 1 else None)
-              plgpu.copy_gmem_to_smem(
-                  b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols], b_smem.at[st.index],
-                  bar, collective_axes=cluster_axes if cfg.cluster_m > 1 else None)
+              if prob.glu_rows:  # gate rows beside the same up rows
+                half = tile_n // 2
+                for i, row0 in enumerate((tile.n0, prob.glu_rows + tile.n0)):
+                  plgpu.copy_gmem_to_smem(b_gmem.at[tp.b_group, pl.ds(row0, half), kcols],
+                                          b_smem.at[st.index, pl.ds(i * half, half)], bar)
+              else:
+                plgpu.copy_gmem_to_smem(
+                    b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols], b_smem.at[st.index],
+                    bar, collective_axes=cluster_axes if cfg.cluster_m > 1 else None)
           lax.fori_loop(i32(0), i32(k_steps), load_step, None)
         for_each_pass(load_pass, i32(0))
 
@@ -297,6 +303,14 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       OutputStores.finish()
 
 
+def _out_slots(cfg: HopperConfig, prob: problem.Problem) -> int:
+  """Store buffers per warpgroup: 2 where the pieces a tile stores pair up (a
+  GLU stores half its chunks), else 1 (a tile's first store must not find its
+  buffer still read by the last tile's)."""
+  pieces = len(_Warpgroup(cfg, prob, None, None, None).pieces())
+  return 2 if pieces % 2 == 0 else 1
+
+
 @dataclasses.dataclass(frozen=True)
 class _Warpgroup:
   """A consumer warpgroup's part of the tile and what it does with it."""
@@ -316,6 +330,14 @@ class _Warpgroup:
     """This warpgroup's (row, column) offset inside the CTA tile."""
     wm, wn = self.cfg.wg_tile()
     return (self.wg * wm, i32(0)) if self.cfg.wg_split == "m" else (i32(0), self.wg * wn)
+
+  def b_row(self, tile, col):
+    """The row of b behind column `col` of the CTA's B tile (a GLU's B tile is
+    tile_n / 2 gate rows beside the same up rows)."""
+    if not self.prob.glu_rows:
+      return tile.n0 + col
+    half = self.cfg.tile_n // 2
+    return jnp.where(col < half, tile.n0 + col, self.prob.glu_rows + tile.n0 + col - half)
 
   def zero_accumulator(self):
     cm, cn = self.cfg.chunk()
@@ -351,7 +373,7 @@ class _Warpgroup:
       rows_scales.append(s)
     col_scales = []
     for c in sorted({c for _, c in chunks}):
-      b = recipe.load_b(self.bs_gmem, tp.b_group, kb, tile.n0 + wc + c, cn,
+      b = recipe.load_b(self.bs_gmem, tp.b_group, kb, self.b_row(tile, wc + c), cn,
                         plgpu.Layout.WGMMA.reduce(0))
       col_scales.append(zero_unless(valid, b) if self.partial_last_step else b)
     if len(chunks) == 1 and cfg.scale_product and not recipe.per_row_b:
@@ -427,9 +449,16 @@ class _Warpgroup:
 
   # -- the epilogue ----------------------------------------------------------------
   def pieces(self):
-    """The epilogue's pieces, one (64, epi_tile_n) store each: (chunk, column offset)."""
+    """The epilogue's pieces, one (64, epi_tile_n) store each: (chunk, column offset)
+    (a GLU's: the gate chunks', each with its up chunk tile_n / 2 columns on)."""
     cn, epi_n = self.cfg.chunk()[1], self.cfg.epi_tile_n
-    return [(ci, e) for ci in range(len(self.chunks)) for e in range(0, cn, epi_n)]
+    out = [ci for ci, (_, c) in enumerate(self.chunks)
+           if not self.prob.glu_rows or c < self.cfg.tile_n // 2]
+    return [(ci, e) for ci in out for e in range(0, cn, epi_n)]
+
+  def up_chunk(self, ci):
+    r, c = self.chunks[ci]
+    return self.chunks.index((r, c + self.cfg.tile_n // 2))
 
   def window(self, tile, i):
     """(rows, columns) of piece i of this warpgroup in the tile's output group."""
@@ -445,6 +474,9 @@ class _Warpgroup:
     pieces = self.pieces()
     for i, (ci, e) in enumerate(pieces):
       val = acc[ci][:, e:e + epi_n]
+      if self.prob.glu_rows:
+        up = acc[self.up_chunk(ci)][:, e:e + epi_n]
+        val = gate_activation(self.prob.activation, val) * up
       rows, cols = self.window(tile, i)
       if c_ring is not None:
         if i + 1 < len(pieces):
@@ -486,13 +518,13 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
 
 def _tiling(cfg: HopperConfig) -> problem.Tiling:
   cfg.check()
-  def pad(a, a_scale, b, c, out_dtype):
+  def pad(a, a_scale, b, c, out_dtype, out_n=None):
     # The A-scales are loaded from GMEM as given, rows padded to whole chunks;
     # the output's columns to whole tiles of its SMEM layout.
     (tiling, _) = tiled(out_dtype, cfg.epi_tile_n)
     return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
                        out_cols_multiple=max(64, tiling.tiling[1]), transpose_a_scale=False,
-                       a_scale_rows_multiple=CHUNK_M)
+                       a_scale_rows_multiple=CHUNK_M, out_n=out_n)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
                         cfg.cluster_m, cfg.cluster_n)
 
@@ -531,3 +563,16 @@ def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: HopperCon
   exist (the rest are stored as zeros). [G, M, N]."""
   return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
                                      out_dtype=out_dtype))
+
+
+def glu(a, a_scale, b, b_scale, *, activation: str, out_dtype, config: HopperConfig,
+        power_of_two_scales=False):
+  """act(a @ gate.T) * (a @ up.T) with b [2F, K] = [gate; up] (b_scale [2F/128, kb]),
+  gate and up tiles side by side in one CTA; out_dtype float8_e4m3fn: (q, scale)."""
+  if config.wg_split != "m" or config.tile_n != 256:
+    raise ValueError("a fused GLU needs 128 x 256 (or 192 x 256) tiles whose warpgroups "
+                     f"split M (each holds a gate chunk and its up chunk), got {config}")
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, None, beta=1.0,
+                                    out_dtype=out_dtype, b_scale_rows=SCALE_N,
+                                    power_of_two_scales=power_of_two_scales,
+                                    activation=activation))

@@ -341,6 +341,18 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
                      max_stages=max(2, _ring_stages(cfg.tile_m, cfg.tile_n) // cfg.k_step))
 
 
+def glu_config(m: int, f: int, k: int, *, out_dtype) -> HopperConfig:
+  """A fused GLU's tiling: 128 x 256 tiles of 128 gate and 128 up columns, the
+  two warpgroups one above the other (each holds a gate chunk and its up chunk:
+  a third warpgroup would leave none of them registers for two)."""
+  del f, k
+  cfg = HopperConfig(tile_m=128, tile_n=256, wg_split="m",
+                     grid_minor="n" if m >= 1024 else "m", scale_product=m > _SEPARATE_SCALES_MAX_M,
+                     epi_tile_n=SCALE_N if np.dtype(out_dtype) == FP8_OUT else 64)
+  cfg = _with_registers(cfg)
+  return _fit_stages(cfg, out_dtype, None, max_stages=_ring_stages(cfg.tile_m, cfg.tile_n))
+
+
 def config_for(m, n, k, *, out_dtype, c_dtype=None, b_scale_rows: int = SCALE_N
                ) -> HopperConfig:
   """The autotuned config if this shape was tuned on this device (tuning it now

@@ -34,6 +34,8 @@ class Problem:
   zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
   quantize_out: bool = False  # FP8 output: e4m3 values and one scale per row per 128 columns
   power_of_two: bool = False  # ... with power-of-two scales
+  glu_rows: int = 0         # a fused GLU: b's up rows start here (its gate rows at 0)
+  activation: str = ""      # ... and the gate's activation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +43,8 @@ class Tiling:
   """What setting up a launch needs of a kernel's config."""
   tile_m: int
   tile_n: int
-  pad: Callable          # (a, a_scale, b, c, out_dtype), group axes -> common.TmaOperands
+  pad: Callable          # (a, a_scale, b, c, out_dtype, out_n=None) with group axes
+                         # -> common.TmaOperands
   grid_minor: str = "n"
   group: int = 8
   split_k: int = 1
@@ -72,18 +75,25 @@ def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
 
 
 def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
-          b_scale_rows: int, power_of_two_scales: bool = False) -> Launch:
+          b_scale_rows: int, power_of_two_scales: bool = False, activation: str = "") -> Launch:
   """One GEMM, a [M, K] x b [N, K]; with t.split_k > 1, K ranges written as
   float32 partials and summed (with beta * c) by one fused XLA reduction. With
   out_dtype float8_e4m3fn the result is (q [M, N], scale [M, ceil(N/128)]),
   quantised 1x128 in the epilogue."""
   m, k = a.shape
-  n = b.shape[0]
+  # A fused GLU: b holds the gate rows [0, F) and the up rows [F, 2F); a tile's
+  # B tile is tile_n / 2 gate rows beside the same up rows, its output tile_n / 2.
+  glu_rows = b.shape[0] // 2 if activation else 0
+  n = glu_rows or b.shape[0]
+  tile_n = t.tile_n // 2 if activation else t.tile_n
   out_dtype = np.dtype(out_dtype)
   quantize_out = out_dtype == np.dtype(jnp.float8_e4m3fn)
-  if quantize_out and (t.split_k > 1 or t.tile_n % 128):
+  if quantize_out and (t.split_k > 1 or tile_n % 128):
     raise ValueError(f"FP8 output needs whole 128-column groups in a tile and no K split, got "
                      f"tile_n={t.tile_n}, split_k={t.split_k}")
+  if activation and (b.shape[0] % 256 or t.split_k > 1 or c is not None):
+    raise ValueError(f"a fused GLU needs b of 2F rows with F a multiple of 128, no K split "
+                     f"and no c, got b of {b.shape[0]} rows, split_k={t.split_k}")
   k_blocks = pl.cdiv(k, K_BLOCK)
   if k_blocks % t.split_k:
     raise ValueError(f"split_k={t.split_k} must divide the {k_blocks} K blocks of K={k}")
@@ -92,12 +102,12 @@ def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
   recipe = recipe_for(b_scale_rows)
   split = t.split_k > 1
   ops = t.pad(a[None], a_scale[None], b[None], None if c is None or split else c[None],
-              out_dtype)
+              out_dtype, out_n=n)
   # A split's partial output has whole tiles of rows: the TMA stores of its
   # last row tile must not land in the next split's rows.
   rows = pl.cdiv(m, t.tile_m) * t.tile_m if split else ops.rows
   sched = sched_lib.DenseScheduler(
-      m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n, grid_minor=t.grid_minor, group=t.group,
+      m=m, n=n, tile_m=t.tile_m, tile_n=tile_n, grid_minor=t.grid_minor, group=t.group,
       k_blocks=k_blocks // t.split_k, split_k=t.split_k, cluster_m=t.cluster_m,
       cluster_n=t.cluster_n)
 
@@ -117,11 +127,12 @@ def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
                                   np.dtype(jnp.float32) if split else out_dtype)
   if quantize_out:  # the scales transposed: a chunk's row scales are contiguous
     out_type = (out_type, jax.ShapeDtypeStruct(
-        (1, round_up(n, t.tile_n) // 128, round_up(m, t.tile_m)), jnp.float32))
+        (1, round_up(n, tile_n) // 128, round_up(m, t.tile_m)), jnp.float32))
   return Launch(Problem(sched, recipe, k_blocks // t.split_k, float(beta),
-                        quantize_out=quantize_out, power_of_two=power_of_two_scales),
+                        quantize_out=quantize_out, power_of_two=power_of_two_scales,
+                        glu_rows=glu_rows, activation=activation),
                 (ops.a, ops.a_scale, ops.b,
-                 _b_scale_for(recipe, b_scale[None], round_up(n, t.tile_n)), ops.c, {}),
+                 _b_scale_for(recipe, b_scale[None], round_up(b.shape[0], t.tile_n)), ops.c, {}),
                 out_type, finish)
 
 

@@ -195,6 +195,43 @@ def test_fp8_output(arch, cfg, power_of_two):
     assert np.all(np.frexp(finite)[0] == 0.5), "scales must be exact powers of two"
 
 
+def _gate_activation(name, x):
+  return {"silu": lambda v: v / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0),
+          "gelu": lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))
+          }[name](x)
+
+
+@pytest.mark.parametrize("arch,activation,out_dtype", [
+    ("sm90", "silu", F32), ("sm90", "gelu", BF16), ("sm90", "relu", np.dtype(FP8)),
+    ("sm100", "silu", F32), ("sm100", "relu", np.dtype(FP8)),
+])
+def test_fused_glu(arch, activation, out_dtype):
+  """act(a @ gate.T) * (a @ up.T) with b = [gate; up], both tiles in one CTA."""
+  m, f, k = 150, 384, 300
+  ops = testing.random_operands(3, m, 2 * f, k)
+  fp8 = out_dtype == np.dtype(FP8)
+  if arch == "sm90":
+    cfg = hopper.HopperConfig(tile_m=128, tile_n=256, wg_split="m", stages=2, num_sms=2,
+                              epi_tile_n=128 if fp8 else 64)
+  else:
+    cfg = blackwell.BlackwellConfig(tile_n=256, input_stages=2, num_ctas=2)
+  fn = lambda *x: KERNELS[arch].glu(*x, activation=activation, out_dtype=out_dtype, config=cfg)
+  out = _interpret(fn, *ops.args()[:4])
+  full = testing.reference_f64(*ops.args()[:4])
+  want = _gate_activation(activation, full[:, :f]) * full[:, f:]
+  if fp8:
+    q, s = out
+    want_q, want_s = _quantize_1x128_model(_interpret(
+        lambda *x: KERNELS[arch].glu(*x, activation=activation, out_dtype=F32, config=cfg),
+        *ops.args()[:4]), power_of_two=False)
+    np.testing.assert_array_equal(np.asarray(s), want_s)
+    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q)
+    out = np.asarray(q.astype(jnp.float32)) * np.repeat(np.asarray(s), 128, 1)[:, :f]
+    assert testing.rel_error(out, want) < 0.05   # e4m3's rounding
+  else:
+    testing.assert_close(out, want, out_dtype)
+
+
 def test_grouped_configs_take_no_splits_or_clusters():
   args, _, _ = _ragged_operands(0, 64, 64, 128, [64])
   for bad in (dict(split_k=2), dict(cluster_m=2)):
@@ -229,6 +266,12 @@ def test_variants_lower_for_cuda(arch):
     _lower(lambda a, sa, b, sb: mod.blockwise_fp8_dot(
         a, sa, b, sb, None, beta=1.0, out_dtype=FP8, power_of_two_scales=power_of_two,
         config=cfg), *dense)
+  glu_cfg = None if arch == "sm90" else blackwell.BlackwellConfig(tile_n=256)
+  glu_mod = sm90 if arch == "sm90" else blackwell
+  gate_up = (dense[0], dense[1], s((4096, k), FP8), s((32, 13), jnp.float32))
+  for out_dtype in (BF16, np.dtype(FP8)):
+    _lower(lambda a, sa, b, sb: glu_mod.glu(a, sa, b, sb, activation="silu", out_dtype=out_dtype,
+                                            config=glu_cfg), *gate_up)
 
 
 # ---------------------------------------------------------------------------- GPU
