@@ -16,7 +16,7 @@ from jax_fp8.grouped import (blockwise_fp8_masked_dot, blockwise_fp8_masked_dot_
                              blockwise_fp8_ragged_dot, blockwise_fp8_ragged_dot_p)
 from jax_fp8.primitive import blockwise_fp8_dot, blockwise_fp8_dot_p
 from jax_fp8.quantize import (dequantize_128x128, dequantize_1x128, quantize_128x128,
-                              quantize_1x128)
+                              quantize_1x128, quantize_1x128_with_transpose)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -25,4 +25,5 @@ __all__ = [
     "blockwise_fp8_masked_dot", "blockwise_fp8_masked_dot_p", "blockwise_fp8_ragged_dot",
     "blockwise_fp8_ragged_dot_p",
     "dequantize_128x128", "dequantize_1x128", "quantize_128x128", "quantize_1x128",
+    "quantize_1x128_with_transpose",
 ]
