@@ -66,7 +66,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device
+from jax_fp8.pallas import device, quant_math
 
 GROUP = 128           # elements of one scale group (row-wise and column-wise); block edge
 E4M3_MAX = 448.0      # largest finite float8_e4m3fn
@@ -149,76 +149,6 @@ def unsupported_reason(op: str, shape, dtype, **_) -> str | None:
   return None
 
 
-# ---- arithmetic the decisions pin down ----------------------------------------
-
-def _exact_div(a, b, layout):
-  """a / b rounded once to float32 (round to nearest even), elementwise.
-
-  a, b: float32 arrays of one shape, in `layout`.
-  """
-  if device.interpret_mode_active():
-    # XLA's algebraic simplifier rewrites a / broadcast(b) (and a / constant)
-    # into a * (1 / b), which rounds twice; the barrier hides the broadcast.
-    return a / lax.optimization_barrier(b)
-
-  @plgpu.inline_mgpu(arg_types=(layout, layout),
-                     return_type=plgpu.ShapeDtypeStruct(a.shape, jnp.float32, layout))
-  def div_rn(_, a, b):
-    # Mosaic lowers `/` to div.full.f32 (within 2 ulp); div.rn.f32 is IEEE's.
-    return a._pointwise(mgpu.FragmentedArray._lift_fast_instr("div.rn.f32"), b)
-
-  return div_rn(a, b)
-
-
-def _magnitude_bits(v):
-  """|v| as same-width integers: float magnitudes order like their bit patterns, and
-  every NaN's lies above Inf's, so an integer max is a NaN-propagating amax that
-  sees subnormals on every platform (XLA's CPU code flushes them to zero, and its
-  float max reduction can drop NaN)."""
-  int_type = {2: jnp.int16, 4: jnp.int32}[np.dtype(v.dtype).itemsize]
-  sign_off = (1 << (8 * np.dtype(v.dtype).itemsize - 1)) - 1
-  return lax.bitcast_convert_type(v, int_type) & sign_off
-
-
-def _as_amax(bits, dtype):
-  """The float32 amax of magnitude bits of `dtype` (exact)."""
-  return lax.bitcast_convert_type(bits, dtype).astype(jnp.float32)
-
-
-def _pow2_scale(amax):
-  """The smallest power of two 2^e >= 2^-126 with amax <= 448 * 2^e (finite amax)."""
-  bits = lax.bitcast_convert_type(amax, jnp.int32)
-  # amax = 1.m * 2^E and 448 = 1.75 * 2^8: e = E - 8, or E - 7 if 1.m > 1.75; the
-  # same in biased exponents. A subnormal amax (biased 0) ends at the clamp.
-  biased = (lax.shift_right_logical(bits, 23) - 8
-            + jnp.where((bits & 0x7FFFFF) > 0x600000, 1, 0))
-  scale = lax.bitcast_convert_type(lax.shift_left(jnp.maximum(biased, 1), 23), jnp.float32)
-  return jnp.where(bits == 0, 1.0, scale)
-
-
-def _scale(amax, pow2: bool, layout):
-  """The float32 group scale of each amax (NaN and Inf pass through).
-
-  A scale below float32's normal range (amax = 0, or amax / 448 < 2^-126) is 1,
-  and power-of-two scales are at least 2^-126: no subnormal scale, which XLA's
-  CPU code would flush to zero.
-  """
-  if pow2:
-    return jnp.where(amax < jnp.inf, _pow2_scale(amax), amax)  # amax >= 0: NaN, Inf fail
-  scale = _exact_div(amax, jnp.full(amax.shape, E4M3_MAX, jnp.float32), layout)
-  return jnp.where(scale < MIN_NORMAL, 1.0, scale)  # NaN < x is false: NaN stays
-
-
-def _quantize(v, scale):
-  """FP8 of a (64, 128) chunk: v / scale (scale broadcast to v's shape)."""
-  q = _exact_div(v.astype(jnp.float32), scale, _CHUNK_LAYOUT)
-  if device.interpret_mode_active():
-    # The GPU's conversion (cvt.rn.satfinite.e4m3x2.f32) clamps to +-448 itself
-    # (NaN stays NaN); ml_dtypes' would give NaN past 464.
-    q = jnp.clip(q, -E4M3_MAX, E4M3_MAX)
-  return q.astype(FP8)
-
-
 # ---- the kernel ------------------------------------------------------------------
 
 def _smem_transforms(dtype, cols: int):
@@ -257,12 +187,12 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
     row_bits = None
     for r, c in row_chunks:
       v = plgpu.load(x_smem.at[r, c], layout=_CHUNK_LAYOUT)
-      bits = jnp.max(_magnitude_bits(v), axis=1)
+      bits = jnp.max(quant_math.magnitude_bits(v), axis=1)
       row_bits = bits if row_bits is None else jnp.maximum(row_bits, bits)
     # The scale arithmetic runs on arrays (inline PTX and bitcasts take no
     # scalars): the block's amax in every row of a chunk-row vector.
     block_bits = plgpu.layout_cast(jnp.full((CHUNK,), jnp.max(row_bits)), _ROW_LAYOUT)
-    block_scale = _scale(_as_amax(block_bits, x_smem.dtype), pow2, _ROW_LAYOUT)
+    block_scale = quant_math.scale(quant_math.as_amax(block_bits, x_smem.dtype), pow2, _ROW_LAYOUT)
     scale_value = jnp.max(block_scale)  # all equal; max.NaN keeps a NaN
     if device.interpret_mode_active():
       # XLA's CPU max reduction can drop NaN.
@@ -278,8 +208,8 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
       if op == "quantize_128x128":
         scale = lax.broadcast_in_dim(block_scale, v.shape, [0])
       else:
-        amax = _as_amax(jnp.max(_magnitude_bits(v), axis=1), v.dtype)
-        row_scale = _scale(amax, pow2, _ROW_LAYOUT)
+        amax = quant_math.as_amax(jnp.max(quant_math.magnitude_bits(v), axis=1), v.dtype)
+        row_scale = quant_math.scale(amax, pow2, _ROW_LAYOUT)
         # This chunk's rows are x's columns c (transposed) or rows r; its group
         # is x's row group r // 128 (transposed) or column group c // 128.
         if transposed:
@@ -288,7 +218,7 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
           where = pl.ds(r0 + r.start, CHUNK), ki * (cols // GROUP) + c.start // GROUP
         scale_gmem[where] = row_scale
         scale = lax.broadcast_in_dim(row_scale, v.shape, [0])
-      q = _quantize(v, scale)
+      q = quant_math.quantize(v, scale, _CHUNK_LAYOUT)
       if transposed:
         out_smem[c, r] = q
       else:
