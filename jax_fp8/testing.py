@@ -126,8 +126,9 @@ def quantize_np(x, group) -> np.ndarray:
   128x128; the last groups may be partial), returned dequantised in float64.
 
   An independent implementation of the quantisers' rule for finite input:
-  scale = float32(amax) / 448 in float32 (all-zero group: 1), q = clip(x /
-  scale, +-448) rounded to e4m3 (nearest even), value = q * scale exactly.
+  scale = float32(amax) / 448 rounded once (below float32's normal range, e.g.
+  an all-zero group: 1), q = clip(x / scale, +-448) rounded to e4m3 (nearest
+  even), value = q * scale exactly.
   """
   x = np.asarray(jnp.asarray(x).astype(jnp.float32))
   if not np.all(np.isfinite(x)):
@@ -139,7 +140,8 @@ def quantize_np(x, group) -> np.ndarray:
   padded[:r, :c] = x
   blocks = padded.reshape(rb, gr, cb, gc)
   scale = np.max(np.abs(blocks), axis=(1, 3)) / np.float32(quantize.E4M3_MAX)  # float32
-  scale = np.where(scale == 0, np.float32(1.0), scale)[:, None, :, None]
+  tiny = np.finfo(np.float32).tiny  # a scale below float32's normal range (all zeros): 1
+  scale = np.where(scale < tiny, np.float32(1.0), scale)[:, None, :, None]
   q = np.clip(blocks / scale, -quantize.E4M3_MAX, quantize.E4M3_MAX).astype(
       ml_dtypes.float8_e4m3fn)
   out = q.astype(np.float64) * scale.astype(np.float64)
