@@ -87,10 +87,19 @@ def _pow2_scale(amax):
 
 
 def scale(amax, power_of_two: bool, layout):
-  """The float32 group scale of each amax (NaN and Inf pass through); amax in `layout`."""
+  """The float32 group scale of each amax (NaN and Inf pass through).
+
+  amax: one value per row, in `layout`.reduce(1) (layout: the rows' 2-D register
+  layout, plgpu.Layout.WGMMA or TCGEN05).
+  """
   if power_of_two:
     return jnp.where(amax < jnp.inf, _pow2_scale(amax), amax)  # amax >= 0: NaN, Inf fail
-  s = exact_div(amax, jnp.full(amax.shape, E4M3_MAX, jnp.float32), layout)
+  # div.rn.f32 in a row layout does not compile (LLVM translation of its casts):
+  # divide the rows broadcast to an (rows, 8) array, the narrowest of the 2-D
+  # layout, and take a row's (equal) values back with a NaN-keeping max.
+  wide = lax.broadcast_in_dim(amax, (amax.shape[0], 8), [0])
+  s = exact_div(wide, jnp.full(wide.shape, E4M3_MAX, jnp.float32), layout)
+  s = as_amax(jnp.max(magnitude_bits(s), axis=1), jnp.float32)
   return jnp.where(s < MIN_NORMAL, 1.0, s)  # NaN < x is false: NaN stays
 
 
