@@ -229,10 +229,9 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     if b_scale_rows == 1 or row_masks:
       # Per-row b scales (a column factor per chunk column next to the row
       # factors) and ragged groups (row masks, a K-pass loop around the K loop)
-      # spill with two chunks per warpgroup: tiles of one chunk leave the registers
-      # (ragged ones also the 232 of two consumer warpgroups, not three's 152).
-      tiles = [t for t in tiles if _chunks_per_warpgroup(*t[:4]) == 1
-               and not (row_masks and t[3] > 2)]
+      # spill with two chunks per warpgroup: tiles of one chunk, of two consumer
+      # warpgroups (232 registers each, not three's 152), leave the registers.
+      tiles = [t for t in tiles if _chunks_per_warpgroup(*t[:4]) == 1 and t[3] == 2]
     tm, tn, split, consumers, _ = max(tiles, key=score)
     max_stages = _ring_stages(tm, tn)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order,
