@@ -44,31 +44,12 @@ def main() -> int:
 
   import jax
   import jax.numpy as jnp
-  import numpy as np
-  from jax._src.lib import _jax
-  from jax.experimental import topologies
-  import jax.experimental.mosaic.gpu.utils as mgpu_utils
   from jax_fp8.pallas import quantize as qk
+  import sm100_target  # tools/: beside this file
 
   t, k = (int(x) for x in args.shape.lower().split("x"))
   report = {"shape": [t, k], "dtype": args.dtype, "power_of_two_scales": args.power_of_two_scales}
-  if jax.default_backend() != "gpu":
-    raise SystemExit(f"needs a machine with a CUDA GPU (it compiles for sm_100a there); "
-                     f"this one has {jax.default_backend()!r}")
-  # A compile-only device of compute capability 10.0: the host GPU's target
-  # config with its major version changed.
-  target = _jax.get_topology_for_devices(jax.devices()).target_config
-  text = target.decode() if isinstance(target, bytes) else target
-  text10, count = re.subn(r"(cuda_compute_capability\s*\{\s*major:\s*)\d+", r"\g<1>10", text,
-                          count=1)
-  if not count:
-    raise SystemExit("the GPU's target config has no cuda_compute_capability to change")
-  topo = topologies.get_topology_desc(
-      platform="cuda", target_config=text10 if isinstance(target, str) else text10.encode(),
-      topology="1x1x1")
-  mesh = jax.sharding.Mesh(np.array(topo.devices[:1]), ("x",))
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  mgpu_utils._infer_arch = lambda: (10, 0)  # Mosaic would ask the host GPU (9.0)
+  replicated = sm100_target.replicated_sharding()
   x = jax.ShapeDtypeStruct((t, k), jnp.dtype(args.dtype), sharding=replicated)
 
   pow2 = args.power_of_two_scales
