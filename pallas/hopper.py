@@ -515,9 +515,9 @@ def tune(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16, c_dtype=None, iters:
 def _config_for(m, n, k, out_dtype, c_dtype) -> HopperConfig:
   """The autotuned config if this shape was tuned on this device (tuning it now
   under JAX_FP8_AUTOTUNE=1), else the heuristic's."""
-  cached = autotune.lookup(_tune_key(m, n, k, out_dtype, c_dtype))
+  cached = autotune.lookup(_tune_key(m, n, k, out_dtype, c_dtype), config_type=HopperConfig)
   if cached is not None:
-    return HopperConfig(**cached)
+    return cached
   if autotune.enabled():
     # We may be inside a jit trace: run the tuning calls eagerly, outside it.
     with jax_core.eval_context():
