@@ -61,9 +61,9 @@ class Backend:
 # In the order "auto" tries them: the Pallas kernel of the GPU's generation,
 # then the CUDA fallback, then the reference, which runs anywhere.
 BACKENDS = {b.name: b for b in (
-    Backend("pallas_sm90", "jax_fp8.pallas.hopper", lambda cc: cc[0] == 9,
+    Backend("pallas_sm90", "jax_fp8.pallas.sm90", lambda cc: cc[0] == 9,
             "an NVIDIA Hopper GPU (compute capability 9.x, sm_90a)", interpretable=True),
-    Backend("pallas_sm100", "jax_fp8.pallas.blackwell", lambda cc: cc[0] == 10,
+    Backend("pallas_sm100", "jax_fp8.pallas.sm100", lambda cc: cc[0] == 10,
             "an NVIDIA Blackwell GPU (compute capability 10.x, sm_100a)", interpretable=True),
     Backend("ffi", "jax_fp8.ffi", lambda cc: cc >= (8, 9),
             "an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9)"),

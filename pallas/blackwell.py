@@ -1,35 +1,36 @@
 """Blockwise-scaled FP8 matmul for Blackwell (sm_100a) in Pallas Mosaic GPU.
 
-    out[m, n] = sum_kb (a[m, kb] . b[n, kb]) * a_scale[m, kb] * b_scale[n // 128, kb]  (+ beta * c)
+    out[m, n] = sum_kb (a[m, kb] . b[n, kb]) * a_scale[m, kb] * b_scale[<n>, kb]  (+ beta * c)
 
-Structure (the design's SM100 split; one CTA per SM, persistent over output
-tiles in a static round-robin order):
+One kernel for every variant, driven like the Hopper kernel by a tile
+scheduler (pallas/scheduler.py: dense, masked and ragged groups) and a scale
+recipe (pallas/recipe.py: 128x128 or per-row b scales). Warp roles (the
+design's SM100 split; one CTA per SM, persistent; each role walks the
+scheduler itself):
 
-  warpgroup 0, warp 0  TMA load warp: per K block, the A tile (tile_m, 128), the
-                       B tile (tile_n, 128) and the A-scales of the tile rows (a
-                       (1, tile_m) block of the transposed scales) into an SMEM
-                       ring of `input_stages` slots (`ProducerConsumerPipeline`).
-  warpgroup 0, warp 1  MMA warp (`MmaContext`): per K block, one tcgen05 MMA
+  warpgroup 0, warp 0  `tma_load_warp`: per K block, the A tile (tile_m, 128),
+                       the B tile (tile_n, 128) and the A-scales of the tile
+                       rows (a (1, tile_m) block of the transposed scales) into
+                       an SMEM ring of `input_stages` slots.
+  warpgroup 0, warp 1  `mma_warp` (`MmaContext`): per K block, one tcgen05 MMA
                        into a fresh TMEM stage (accumulate=False) out of
                        `tmem_stages`; the MMA's completion frees the A/B slot,
                        `tcgen05_commit_arrive` signals the TMEM stage.
-  warpgroup 0, warp 2  epilogue-load warp (`EpiLoadPipeline`): streams the C tile
-                       in (tile_m, epi_tile_n) pieces through `c_stages` slots.
-  warpgroup 1          epilogue (128 threads, `EpilogueKContext`): per K block,
-                       TMEM -> registers, * a_scale[row] * b_scale, += into the
-                       float32 register accumulator ("promote"), then releases
-                       the TMEM stage and the input stage together. At the end of
-                       a tile: + beta * c, cast, SMEM, TMA store.
+  warpgroup 0, warp 2  `epilogue_load_warp` (`EpiLoadPipeline`): streams the C
+                       tile in (tile_m, epi_tile_n) pieces through `c_stages` slots.
+  warpgroup 1          `epilogue` (128 threads, `EpilogueKContext`): per K block,
+                       TMEM -> registers, * factor, += into the float32 register
+                       accumulator ("promote"), then releases the TMEM stage and
+                       the input stage together. At the end of a tile: + beta * c,
+                       rows outside the problem zeroed, cast, SMEM, TMA store.
 
 With several TMEM stages the MMA of K block k+1 (and k+2 ...) runs while the
-epilogue promotes block k. b_scale is one scalar per (128 columns, K block),
-read from GMEM; tiles wider than 128 columns are promoted per 128-column half
-(in fact per epi_tile_n-wide piece, each with its own b_scale).
+epilogue promotes block k. A tile wider than 128 columns is promoted per
+epi_tile_n-wide piece, each with its own b scale(s).
 
-Edges as in the Hopper kernel: TMA reads out of bounds give zeros (exact for
-the partial last K block and partial M/N tiles), TMA writes out of bounds are
-dropped, and the wrapper zero-pads what Mosaic's tiled TMA cannot take (K to
-128, M and N to 8 rows and to at least one tile, the output's N to epi_tile_n).
+Edges as in the Hopper kernel: TMA reads out of bounds give zeros, TMA writes
+out of bounds are dropped, and the wrapper zero-pads what Mosaic's tiled TMA
+cannot take.
 """
 from __future__ import annotations
 
@@ -43,17 +44,20 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import common, device
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
+from jax_fp8.pallas import device, problem
+from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
                                    unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
-                                     ProducerConsumerPipeline)
+                                     OutputStores, ProducerConsumerPipeline)
+from jax_fp8.pallas.recipe import zero_unless
 
-# K_BLOCK (common.py): one scale block of K = one pipeline step = one TMEM stage.
 TMEM_COLS = 512        # f32 columns of TMEM per SM
-
 TMA_WARP, MMA_WARP, EPI_LOAD_WARP = 0, 1, 2
 CONTROL_WG, EPILOGUE_WG = 0, 1
+i32 = jnp.int32
+
+__all__ = ["BlackwellConfig", "blockwise_fp8_dot", "masked_dot", "ragged_dot",
+           "unsupported_reason"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,230 +97,244 @@ class BlackwellConfig:
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"num_ctas must be >= 1 or None, got {self.num_ctas}")
 
+  @property
+  def out_slots(self) -> int:
+    return 2 if (self.tile_n // self.epi_tile_n) % 2 == 0 else 1
+
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
     stage = (self.tile_m + self.tile_n) * K_BLOCK + self.tile_m * 4
-    epi = 2 * self.tile_m * self.epi_tile_n * np.dtype(out_dtype).itemsize
+    epi = self.out_slots * self.tile_m * self.epi_tile_n * np.dtype(out_dtype).itemsize
     if c_dtype is not None:
       epi += self.c_stages * self.tile_m * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.input_stages * stage + epi + 1024  # barriers and alignment slack
 
 
-def _num_sms() -> int:
+def num_sms() -> int:
   return device.num_sms(default=148)  # B200
 
 
-def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
-                   c_dtype=None) -> BlackwellConfig:
-  """128 x 128 tiles (the register accumulator is tile_n floats per thread),
-  as many input stages as fit in SMEM (<= 6); untuned (no Blackwell to measure).
-
-  Cross-compiled for sm_100a on an H100 (ptxas): 128 x 128 uses 252-255
-  registers and no spills (bf16 out with epi_tile_n=64, f32 out with 32; f32
-  out with 64 spills 88 B); 128 x 256 spills ~800 B (the register accumulator
-  alone is 256 floats per thread), so it is not a default.
-  """
-  del m, n, k
-  # A float32 output piece needs twice the registers and SMEM of a bf16 one.
-  cfg = BlackwellConfig(epi_tile_n=32 if np.dtype(out_dtype) == np.dtype(jnp.float32) else 64)
-  stages = 6
-  while stages > 2 and dataclasses.replace(cfg, input_stages=stages).smem_bytes(
-      out_dtype, c_dtype) > SMEM_BYTES:
-    stages -= 1
-  return dataclasses.replace(cfg, input_stages=stages)
-
-
-def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, out_gmem,
-            a_smem, b_smem, as_smem, out_smem, acc_tmem,
-            in_full, in_empty, tmem_full, tmem_empty,
-            c_smem=None, c_full=None, c_empty=None, *,
-            cfg: BlackwellConfig, n: int, k_blocks: int, beta: float):
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
+            cfg: BlackwellConfig, prob: problem.Problem):
+  """One CTA. Shapes: a [Ga, rows, K], as [Ga, kb, rows] (transposed), b [Gb, N', K],
+  bs [Gb, nb, kb] or (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None,
+  out [Go, rows, cols]."""
   tile_m, tile_n, epi_n = cfg.tile_m, cfg.tile_n, cfg.epi_tile_n
-  m_iters, n_iters = pl.cdiv(a_gmem.shape[0], tile_m), pl.cdiv(n, tile_n)
-  n_tiles = m_iters * n_iters
-  n_pieces = tile_n // epi_n              # epilogue pieces of one tile
-  n_scale_blocks = bs_gmem.shape[0]
-  out_dtype = out_gmem.dtype
-  out_slots = 2 if n_pieces % 2 == 0 else 1
+  k_blocks = prob.k_blocks
+  n_pieces = tile_n // epi_n
+  sched = dataclasses.replace(prob.scheduler, **meta)
+  fp8 = a_gmem.dtype
+  scratch = dict(
+      a_smem=plgpu.SMEM((cfg.input_stages, tile_m, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
+      b_smem=plgpu.SMEM((cfg.input_stages, tile_n, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
+      as_smem=plgpu.SMEM((cfg.input_stages, 1, tile_m), jnp.float32),
+      out_smem=plgpu.SMEM((cfg.out_slots, tile_m, epi_n), out_gmem.dtype,
+                          transforms=tiled(out_gmem.dtype, epi_n)),
+      acc_tmem=plgpu.TMEM((tile_m, cfg.tmem_stages * tile_n), jnp.float32),
+      # Input ring: full = 3 TMA copies (A, B, A-scales); empty = 2 releases (the
+      # MMA's completion for A/B, the epilogue for the A-scales), tensor-core ordered.
+      inputs=ProducerConsumerPipeline.barriers(cfg.input_stages, full_arrivals=3,
+                                               empty_arrivals=2, empty_orders_tensor_core=True),
+      tmem=MmaContext.barriers(cfg.tmem_stages),
+  )
+  if c_gmem is not None:
+    scratch.update(c_smem=plgpu.SMEM((cfg.c_stages, tile_m, epi_n), c_gmem.dtype,
+                                     transforms=tiled(c_gmem.dtype, epi_n)),
+                   c_bars=EpiLoadPipeline.barriers(cfg.c_stages))
 
-  # Static round-robin over output tiles: CTA p takes tiles p, p + G, p + 2G, ...
-  cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
-  local_tiles = lax.div(n_tiles - cta + num_ctas - 1, num_ctas)
-  total_k_steps = local_tiles * k_blocks
+  @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
+  def _scope(a_smem, b_smem, as_smem, out_smem, acc_tmem, inputs, tmem, c_smem=None,
+             c_bars=None):
+    cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
+    local_units = sched.local_units(cta, num_ctas)
+    total_steps = sched.steps(cta, num_ctas, k_blocks)
+    ring = ProducerConsumerPipeline(inputs["full"], inputs["empty"], cfg.input_stages)
+    tmem_pipe = ProducerConsumerPipeline(tmem["full"], tmem["empty"], cfg.tmem_stages)
+    mma_ctx = MmaContext(acc_tmem, tmem_pipe, stage_cols=tile_n, total_steps=total_steps)
+    epi_k = EpilogueKContext(mma_ctx, ring)
+    epi_load = (None if c_gmem is None
+                else EpiLoadPipeline(c_bars["full"], c_bars["empty"], cfg.c_stages))
 
-  def tile_origin(local):
-    lin = cta + local * num_ctas
-    return lax.div(lin, n_iters) * tile_m, lax.rem(lin, n_iters) * tile_n
+    def tile_of(i):
+      return sched.tile(cta + i * num_ctas, i32(0))
 
-  inputs = ProducerConsumerPipeline(in_full, in_empty, cfg.input_stages)
-  tmem_pipe = ProducerConsumerPipeline(tmem_full, tmem_empty, cfg.tmem_stages)
-  mma_ctx = MmaContext(acc_tmem, tmem_pipe, stage_cols=tile_n, total_steps=total_k_steps)
-  epi_k = EpilogueKContext(mma_ctx, inputs)
-  epi_load = None if c_gmem is None else EpiLoadPipeline(c_full, c_empty, cfg.c_stages)
+    def for_each_k_block(body):
+      """body(step, tile, tile_pass, kb) over this CTA's K blocks, in order."""
+      def tile_body(i, step):
+        tile = tile_of(i)
 
-  def for_each_k_step(body):
-    """body(step, m0, n0, kb) over this CTA's (tile, K block) steps, in order."""
-    def tile_body(local, _):
-      m0, n0 = tile_origin(local)
+        def pass_body(p, step):
+          tp = sched.tile_pass(tile, p)
 
-      def k_body(kb, _):
-        body(local * k_blocks + kb, m0, n0, kb)
+          def k_body(kb, _):
+            body(step + kb, tile, tp, tile.k0 + kb)
+          lax.fori_loop(i32(0), i32(k_blocks), k_body, None)
+          return step + k_blocks
+        if sched.static_passes:
+          return pass_body(i32(0), step)
+        return lax.fori_loop(i32(0), tile.passes, pass_body, step)
+      lax.fori_loop(i32(0), local_units, tile_body, i32(0))
 
-      lax.fori_loop(0, k_blocks, k_body, None)
-
-    lax.fori_loop(0, local_tiles, tile_body, None)
-
-  wg = lax.axis_index("wg")
-
-  @pl.when(wg == CONTROL_WG)
-  def _control():
-    @plgpu.warp_map
-    def _per_warp(warp):
-
-      @pl.when(warp == TMA_WARP)
-      def _tma_load_warp():
-        def load(step, m0, n0, kb):
-          with inputs.produce(step) as st:
-            bar = inputs.producer_mbar(st)
-            k0 = kb * K_BLOCK
-            plgpu.copy_gmem_to_smem(a_gmem.at[pl.ds(m0, tile_m), pl.ds(k0, K_BLOCK)],
+    def tma_load_warp():
+      with ring.producer(total_steps) as produce:
+        def load(step, tile, tp, kb):
+          with produce(step) as st:
+            bar = ring.producer_mbar(st)
+            kcols = pl.ds(kb * K_BLOCK, K_BLOCK)
+            plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols],
                                     a_smem.at[st.index], bar)
-            plgpu.copy_gmem_to_smem(b_gmem.at[pl.ds(n0, tile_n), pl.ds(k0, K_BLOCK)],
+            plgpu.copy_gmem_to_smem(b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols],
                                     b_smem.at[st.index], bar)
-            plgpu.copy_gmem_to_smem(as_gmem.at[pl.ds(kb, 1), pl.ds(m0, tile_m)],
+            plgpu.copy_gmem_to_smem(as_gmem.at[tile.a_group, pl.ds(kb, 1), pl.ds(tile.m0, tile_m)],
                                     as_smem.at[st.index], bar)
-        for_each_k_step(load)
-        inputs.drain_producer(total_k_steps)
+        for_each_k_block(load)
 
-      @pl.when(warp == MMA_WARP)
-      def _mma_warp():
-        with mma_ctx:
-          def mma(step, m0, n0, kb):
-            del m0, n0, kb
-            with mma_ctx.per_k_stage(step) as (_, acc_stage):
-              # The MMA's completion frees the A/B slot (one of the slot's two
-              # releases; the epilogue gives the other when done with the A-scales).
-              with inputs.consume(step, release=False) as st:
-                plgpu.tcgen05_mma(acc_stage, a_smem.at[st.index],
-                                  b_smem.at[st.index].T,  # K-major B
-                                  inputs.consumer_mbar(st), accumulate=False)
-          for_each_k_step(mma)
+    def mma_warp():
+      with mma_ctx:
+        def mma(step, tile, tp, kb):
+          del tile, tp, kb
+          with mma_ctx.per_k_stage(step) as (_, acc_stage):
+            # The MMA's completion frees the A/B slot (one of the slot's two
+            # releases; the epilogue gives the other when done with the A-scales).
+            with ring.consume(step, release=False) as st:
+              plgpu.tcgen05_mma(acc_stage, a_smem.at[st.index], b_smem.at[st.index].T,
+                                ring.consumer_mbar(st), accumulate=False)
+        for_each_k_block(mma)
 
-      if epi_load is not None:
-        @pl.when(warp == EPI_LOAD_WARP)
-        def _epilogue_load_warp():
-          def tile_body(local, _):
-            m0, n0 = tile_origin(local)
-            for p in range(n_pieces):
-              with epi_load.produce(local * n_pieces + p) as st:
-                plgpu.copy_gmem_to_smem(
-                    c_gmem.at[pl.ds(m0, tile_m), pl.ds(n0 + p * epi_n, epi_n)],
-                    c_smem.at[st.index], epi_load.producer_mbar(st))
-          lax.fori_loop(0, local_tiles, tile_body, None)
-          epi_load.drain_producer(local_tiles * n_pieces)
+    def epilogue_load_warp():
+      with epi_load.producer(local_units * n_pieces) as produce:
+        def tile_body(i, _):
+          tile = tile_of(i)
+          for p in range(n_pieces):
+            with produce(i * n_pieces + p) as st:
+              plgpu.copy_gmem_to_smem(
+                  c_gmem.at[0, pl.ds(tile.m0, tile_m), pl.ds(tile.n0 + p * epi_n, epi_n)],
+                  c_smem.at[st.index], epi_load.producer_mbar(st))
+        lax.fori_loop(i32(0), local_units, tile_body, None)
 
-  @pl.when(wg == EPILOGUE_WG)
-  def _epilogue():
-    row_layout = plgpu.Layout.TCGEN05.reduce(1)
-    zero = plgpu.layout_cast(jnp.zeros((tile_m, epi_n), jnp.float32), plgpu.Layout.TCGEN05)
+    wg = lax.axis_index("wg")
 
-    def tile_body(local, _):
-      m0, n0 = tile_origin(local)
-
-      def k_body(kb, acc):
-        with epi_k.per_k_stage(local * k_blocks + kb) as ks:
-          s_a = plgpu.load(as_smem.at[ks.input_stage.index, 0], layout=row_layout)
-          new_acc = []
-          for p, acc_p in enumerate(acc):
-            nb = jnp.minimum(lax.div(n0 + p * epi_n, SCALE_N), n_scale_blocks - 1)
-            scale = lax.broadcast_in_dim(s_a * bs_gmem[nb, kb], acc_p.shape, [0])
-            part = plgpu.async_load_tmem(ks.tmem.at[:, pl.ds(p * epi_n, epi_n)],
-                                         layout=plgpu.Layout.TCGEN05)
-            # promote: the f32 sum over K blocks runs outside the tensor cores.
-            new_acc.append(acc_p + part * scale)
-        return tuple(new_acc)
-
-      acc = lax.fori_loop(0, k_blocks, k_body, tuple(zero for _ in range(n_pieces)))
-
-      for p, acc_p in enumerate(acc):
-        val = acc_p
+    @pl.when(wg == CONTROL_WG)
+    def _control():
+      @plgpu.warp_map
+      def _per_warp(warp):
+        pl.when(warp == TMA_WARP)(tma_load_warp)
+        pl.when(warp == MMA_WARP)(mma_warp)
         if epi_load is not None:
-          with epi_load.consume(local * n_pieces + p) as st:
-            c = plgpu.load(c_smem.at[st.index], layout=plgpu.Layout.TCGEN05)
-            val = val + c.astype(jnp.float32) * beta
-        slot = p % out_slots
-        plgpu.wait_smem_to_gmem(out_slots - 1, wait_read_only=True)
-        out_smem[slot] = val.astype(out_dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(out_smem.at[slot],
-                                out_gmem.at[pl.ds(m0, tile_m), pl.ds(n0 + p * epi_n, epi_n)])
+          pl.when(warp == EPI_LOAD_WARP)(epilogue_load_warp)
 
-    lax.fori_loop(0, local_tiles, tile_body, None)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    @pl.when(wg == EPILOGUE_WG)
+    def _epilogue():
+      epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, out_gmem,
+               OutputStores(out_smem), epi_load, c_smem)
 
 
-def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype,
-                      config: BlackwellConfig | None = None):
-  """2-D blockwise FP8 matmul on a B200-class GPU (or in GPU interpret mode)."""
-  out_dtype = np.dtype(out_dtype)
-  m, k = a.shape
-  n = b.shape[0]
-  reason = unsupported_reason("blockwise_fp8_dot", m, n, k, out_dtype=out_dtype,
-                              has_c=c is not None)
-  if reason is not None:
-    raise ValueError(reason)
-  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
-    c = c.astype(jnp.float32)
-  cfg = config or default_config(m, n, k, out_dtype=out_dtype,
-                                 c_dtype=None if c is None else c.dtype)
-  cfg.check()
-  smem = cfg.smem_bytes(out_dtype, None if c is None else c.dtype)
+def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, out_gmem,
+             stores, epi_load, c_smem):
+  """The epilogue warpgroup: per K block, promote every piece of the tile; at the
+  tile's end, + beta * c, rows outside the problem zeroed, cast and store."""
+  tile_m, epi_n, k_blocks = cfg.tile_m, cfg.epi_tile_n, prob.k_blocks
+  n_pieces = cfg.tile_n // epi_n
+  recipe = prob.recipe
+  layout = plgpu.Layout.TCGEN05
+  row_layout, col_layout = layout.reduce(1), layout.reduce(0)
+  zero = plgpu.layout_cast(jnp.zeros((tile_m, epi_n), jnp.float32), layout)
+
+  def promote_pass(tile, tp, step0, acc):
+    def k_body(kb, acc):
+      with epi_k.per_k_stage(step0 + kb) as ks:
+        s_a = plgpu.load(as_smem.at[ks.input_stage.index, 0], layout=row_layout)
+        if prob.mask_rows:
+          rows = tile.m0 + plgpu.broadcasted_iota(i32, (tile_m,), 0, layout=row_layout)
+          s_a = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi), s_a)
+        new_acc = []
+        for p, acc_p in enumerate(acc):
+          b = recipe.load_b(bs_gmem, tp.b_group, tile.k0 + kb, tile.n0 + p * epi_n, epi_n,
+                            col_layout)
+          part = plgpu.async_load_tmem(ks.tmem.at[:, pl.ds(p * epi_n, epi_n)], layout=layout)
+          factor = recipe.factor(recipe.row_factor(s_a, b), b, acc_p.shape)
+          # promote: the f32 sum over K blocks runs outside the tensor cores.
+          new_acc.append(acc_p + part * factor)
+      return tuple(new_acc)
+    return lax.fori_loop(i32(0), i32(k_blocks), k_body, acc)
+
+  def tile_body(i, step):
+    tile = tile_of(i)
+    acc = tuple(zero for _ in range(n_pieces))
+
+    def pass_body(p, carry):
+      step, acc = carry
+      return step + k_blocks, promote_pass(tile, sched.tile_pass(tile, p), step, acc)
+    if sched.static_passes:
+      step, acc = pass_body(i32(0), (step, acc))
+    else:
+      step, acc = lax.fori_loop(i32(0), tile.passes, pass_body, (step, acc))
+
+    for p, val in enumerate(acc):
+      if epi_load is not None:
+        with epi_load.consume(i * n_pieces + p) as st:
+          c = plgpu.load(c_smem.at[st.index], layout=layout)
+          val = val + c.astype(jnp.float32) * prob.beta
+      if prob.zero_rows:
+        rows = tile.m0 + plgpu.broadcasted_iota(i32, val.shape, 0, layout=layout)
+        val = zero_unless(rows < tile.row_end, val)
+      stores.store(p, val, out_gmem.at[tile.out_group, pl.ds(tile.m0, tile_m),
+                                       pl.ds(tile.n0 + p * epi_n, epi_n)])
+    return step
+
+  lax.fori_loop(i32(0), local_units, tile_body, i32(0))
+  OutputStores.finish()
+
+
+def _run(cfg: BlackwellConfig, launch: problem.Launch):
+  """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
+  c = launch.args[4]
+  smem = cfg.smem_bytes(launch.out_dtype, None if c is None else c.dtype)
   if smem > SMEM_BYTES:
     raise ValueError(f"config needs ~{smem} bytes of shared memory (> {SMEM_BYTES}): lower "
                      "input_stages, c_stages, epi_tile_n or tile_n")
-  k_blocks = pl.cdiv(k, K_BLOCK)
-
-  ops = pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
-                    tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
-
-  tiles = pl.cdiv(ops.rows, cfg.tile_m) * pl.cdiv(n, cfg.tile_n)
-  grid = min(cfg.num_ctas or _num_sms(), tiles)
-  fp8 = a.dtype
-  scratch = dict(
-      a_smem=plgpu.SMEM((cfg.input_stages, cfg.tile_m, K_BLOCK), fp8,
-                        transforms=tiled(fp8, K_BLOCK)),
-      b_smem=plgpu.SMEM((cfg.input_stages, cfg.tile_n, K_BLOCK), fp8,
-                        transforms=tiled(fp8, K_BLOCK)),
-      as_smem=plgpu.SMEM((cfg.input_stages, 1, cfg.tile_m), jnp.float32),
-      out_smem=plgpu.SMEM((2 if (cfg.tile_n // cfg.epi_tile_n) % 2 == 0 else 1,
-                           cfg.tile_m, cfg.epi_tile_n), out_dtype,
-                          transforms=tiled(out_dtype, cfg.epi_tile_n)),
-      acc_tmem=plgpu.TMEM((cfg.tile_m, cfg.tmem_stages * cfg.tile_n), jnp.float32),
-  )
-  # Input ring: full = 3 TMA copies (A, B, A-scales); empty = 2 releases (the
-  # MMA's completion for A/B, the epilogue for the A-scales), tensor-core ordered.
-  ins = ProducerConsumerPipeline.barriers(cfg.input_stages, full_arrivals=3, empty_arrivals=2,
-                                          empty_orders_tensor_core=True)
-  scratch.update(in_full=ins["full"], in_empty=ins["empty"])
-  tm = MmaContext.barriers(cfg.tmem_stages)
-  scratch.update(tmem_full=tm["full"], tmem_empty=tm["empty"])
-  if c is not None:
-    cb = EpiLoadPipeline.barriers(cfg.c_stages)
-    scratch.update(
-        c_smem=plgpu.SMEM((cfg.c_stages, cfg.tile_m, cfg.epi_tile_n), c.dtype,
-                          transforms=tiled(c.dtype, cfg.epi_tile_n)),
-        c_full=cb["full"], c_empty=cb["empty"])
-
+  grid = min(cfg.num_ctas or num_sms(), launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
-      functools.partial(_kernel, cfg=cfg, n=n, k_blocks=k_blocks, beta=float(beta)),
-      out_type=jax.ShapeDtypeStruct((ops.rows, ops.out_cols), out_dtype),
+      functools.partial(_kernel, cfg=cfg, prob=launch.problem),
+      out_type=jax.ShapeDtypeStruct(launch.out_shape, launch.out_dtype),
       grid=(grid,),
       grid_names=("sm",),
       num_threads=2,
       thread_name="wg",
-      scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  out = kernel(ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), ops.c)
-  if out.shape != (m, n):
-    out = out[:m, :n]
-  return out
+  return launch.finish(kernel(*launch.args))
+
+
+def _tiling(cfg: BlackwellConfig) -> problem.Tiling:
+  cfg.check()
+  # The A-scales go through the TMA ring transposed: a tile's rows are one box.
+  def pad(a, a_scale, b, c):
+    return pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
+                       tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
+  return problem.Tiling(cfg.tile_m, cfg.tile_n, pad)
+
+
+def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: BlackwellConfig,
+                      b_scale_rows=SCALE_N):
+  """2-D blockwise FP8 matmul with the tiling `config` (sm100.py chooses one)."""
+  m, k = a.shape
+  reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
+                              has_c=c is not None, b_scale_rows=b_scale_rows)
+  if reason is not None:
+    raise ValueError(reason)
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows))
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: BlackwellConfig):
+  """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
+  (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
+  return _run(config, problem.ragged(_tiling(config), a, a_scale, b, b_scale, group_sizes,
+                                     out_dtype=out_dtype))
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: BlackwellConfig):
+  """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g] rows
+  exist (the rest are stored as zeros). [G, M, N]."""
+  return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
+                                     out_dtype=out_dtype))

@@ -20,9 +20,14 @@ def round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
-def unsupported_reason(op, m, n, k, *, out_dtype, has_c=False, **problem) -> str | None:
+def unsupported_reason(op, m, n, k, *, out_dtype, has_c=False, b_scale_rows=SCALE_N,
+                       **problem) -> str | None:
   """Why a Pallas kernel cannot take this call, or None (jax_fp8.backends' protocol)."""
-  del op, has_c, problem
+  del has_c, problem
+  if b_scale_rows not in (SCALE_N, 1):
+    return f"b_scale_rows must be {SCALE_N} (128x128 blocks) or 1 (per row), got {b_scale_rows}"
+  if b_scale_rows != SCALE_N and op != "blockwise_fp8_dot":
+    return f"{op} takes 128x128 b scales only"
   if np.dtype(out_dtype) not in OUT_DTYPES:
     return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
   if min(m, n, k) < 1:
@@ -41,21 +46,31 @@ def tiled(dtype, cols):
 
 @dataclasses.dataclass(frozen=True)
 class TmaOperands:
-  """Operands padded for tiled TMA; the kernel's output is (rows, out_cols)."""
-  a: jax.Array
-  # The A-scales, either transposed ([K blocks, rows]: a tile's scales of one K
-  # block are one (1, tile_m) TMA box) or as given ([rows', K blocks], rows
-  # padded to whole tiles for kernels that load them straight from GMEM).
+  """Operands padded for tiled TMA, each with its leading group axis; the
+  kernel's output is (groups, rows, out_cols)."""
+  a: jax.Array         # [Ga, rows, K']
+  # The A-scales, either transposed ([Ga, K blocks, rows]: a tile's scales of
+  # one K block are one (1, tile_m) TMA box) or as given ([Ga, rows', K
+  # blocks], rows padded for kernels that load them straight from GMEM).
   a_scale: jax.Array
-  b: jax.Array
-  c: jax.Array | None
+  b: jax.Array         # [Gb, N', K']
+  c: jax.Array | None  # [1, rows, out_cols]
   rows: int
   out_cols: int
 
 
+def _pad_last2(x, rows: int, cols: int):
+  """x [..., r, c] zero-padded to [..., rows, cols] (no copy when it fits)."""
+  r, c = x.shape[-2:]
+  if (r, c) == (rows, cols):
+    return x
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rows - r), (0, cols - c)])
+
+
 def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple: int,
                 transpose_a_scale: bool = True, a_scale_rows_multiple: int = 1):
-  """Zero-pads a, b, c (and the A-scales) to what tiled TMA and the kernel can address.
+  """Zero-pads a [Ga, M, K], b [Gb, N, K], c [1, M, N] (and the A-scales
+  [Ga, M, kb]) to what tiled TMA and the kernel can address.
 
   Mosaic's TMA views a global array through the SMEM tiling ((8, 128) for the
   FP8 operands, (8, 128 B) for the epilogue), so a dimension must be a multiple
@@ -63,24 +78,19 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
   Zero padding is exact (padded K adds zero products) and is sliced off the
   output. The DeepSeek-V3 shapes (K, N multiples of 128) need none for a, b.
   """
-  m, k = a.shape
-  n = b.shape[0]
+  m, k = a.shape[-2:]
+  n = b.shape[-2]
   kp = round_up(k, K_BLOCK)
   rows = max(round_up(m, 8), tile_m)
-  b_rows = max(round_up(n, 8), tile_n)
   out_cols = max(round_up(n, out_cols_multiple), tile_n)
-  if (rows, kp) != (m, k):
-    a = jnp.pad(a, ((0, rows - m), (0, kp - k)))
-  if (b_rows, kp) != (n, k):
-    b = jnp.pad(b, ((0, b_rows - n), (0, kp - k)))
-  if c is not None and c.shape != (rows, out_cols):
-    c = jnp.pad(c, ((0, rows - m), (0, out_cols - n)))
+  a = _pad_last2(a, rows, kp)
+  b = _pad_last2(b, max(round_up(n, 8), tile_n), kp)
+  if c is not None:
+    c = _pad_last2(c, rows, out_cols)
   if transpose_a_scale:
     # (A (tile_m, 1) float32 box would be narrower than TMA's 16-byte minimum.)
-    a_scale = jnp.pad(a_scale.T, ((0, 0), (0, rows - m)))
+    a_scale = _pad_last2(jnp.swapaxes(a_scale, -1, -2), a_scale.shape[-1], rows)
   else:
     # Every row a tile reads must exist: plain loads have no TMA bounds check.
-    scale_rows = round_up(m, a_scale_rows_multiple)
-    if scale_rows != m:
-      a_scale = jnp.pad(a_scale, ((0, scale_rows - m), (0, 0)))
+    a_scale = _pad_last2(a_scale, round_up(m, a_scale_rows_multiple), a_scale.shape[-1])
   return TmaOperands(a, a_scale, b, c, rows, out_cols)

@@ -1,40 +1,40 @@
-"""Reusable synchronisation pieces for warp-specialised Pallas Mosaic GPU kernels.
+"""Synchronisation pieces shared by the warp-specialised kernels (Hopper and Blackwell).
 
 The vocabulary follows the design seeds (Modular's SM100 blockwise-FP8 matmul):
 
 - `ProducerConsumerPipeline`: a ring of `num_stages` SMEM (or TMEM) stages with
   one "full" barrier (producer -> consumer: data ready) and one "empty" barrier
-  (consumer -> producer: stage free) per stage. `produce(step)` / `consume(step)`
-  are context managers; the stage index and phase advance together with `step`.
-- `EpiLoadPipeline`: the epilogue-load warp's ring for the residual C tile
-  (2 x num_stages barriers: full with one TMA transaction, empty with one
-  arrival of the whole epilogue warpgroup = 128 hardware thread arrivals).
-- `MmaContext`: the MMA warp's view of the TMEM accumulator stages; per K block
-  `per_k_stage(step)` hands out a fresh TMEM stage and signals it with
-  `tcgen05_commit_arrive` on exit; leaving the context waits until the epilogue
-  has released every TMEM stage, so TMEM can be deallocated safely.
-- `EpilogueKContext`: the epilogue's per-K-block view; `per_k_stage(step)`
-  waits for the TMEM stage (and the A-scale stage) and, on exit, releases BOTH
-  the TMEM stage and the input stage in one step.
+  (consumer -> producer: stage free) per stage. The producer works inside
+  `with pipe.producer(total_steps) as produce:` and `with produce(step) as st:`
+  per stage; consumers use `with pipe.consume(step) as st:`. Stage index and
+  phase advance together with `step`.
+- `EpiLoadPipeline`: the epilogue-load warp's ring for the residual C tile.
+- `MmaContext`: the MMA warp's view of the TMEM accumulator stages (Blackwell).
+- `EpilogueKContext`: the epilogue's per-K-block view (Blackwell): waits for the
+  TMEM stage and the input stage, releases BOTH in one step.
+- `PrefetchRing`: a warpgroup's own 2-slot ring for streaming c (Hopper).
+- `OutputStores`: the epilogue's store sequence through SMEM slots with TMA.
 
 Phases. Mosaic GPU keeps the parity of every barrier per thread and flips it on
 each `barrier_wait`, so a thread must wait for a barrier's completions one by
 one, in order. `step` is the running count of stages that thread has handled
 (over all tiles of a persistent CTA); `Stage.index = step % num_stages` and
-`Stage.phase = (step // num_stages) % 2` are the parity that wait observes.
+`Stage.phase = (step // num_stages) % 2`.
 
 Barrier arrive counts in Pallas (Lane semantics) count warpgroups, not threads:
-`plgpu.Barrier(num_arrivals=1)` is an mbarrier expecting 128 thread arrivals,
-and a warp's `barrier_arrive` contributes 4 x 32 of them. Barriers that order
-the tensor core (`orders_tensor_core=True`) count single arrivals (one
-`tcgen05_commit_arrive`, or one elected thread of an arriving warpgroup).
+`plgpu.Barrier(num_arrivals=1)` expects one warpgroup's arrival. Barriers that
+order the tensor core (`orders_tensor_core=True`) count single arrivals (one
+`tcgen05_commit_arrive`, or one elected thread of an arriving warpgroup). A
+`plgpu.ClusterBarrier` collects the arrivals of every CTA of the cluster: the
+ring of a kernel whose TMA copies multicast into the peer CTA's SMEM must have
+its "empty" barriers of that kind, so that a slot is refilled only when the
+consumers of both CTAs are done with it.
 
-Draining. GPU interpret mode checks, when a barrier is freed, that every thread
+Closing. GPU interpret mode checks, when a barrier is freed, that every thread
 that waits on it observed every phase that completed. A producer waits for
 "empty" only from its second round on, so the last `num_stages` releases of a
-ring are never observed in the loop: `drain_producer(total_steps)` waits for
-them before the producer leaves (this also guarantees that no consumer still
-reads a stage when the kernel ends).
+ring are never observed in its loop: leaving `producer(...)` waits for them
+(this also guarantees that no consumer still reads a stage when the kernel ends).
 """
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class Stage:
 
 def _stage(step, num_stages: int) -> Stage:
   step = jnp.asarray(step, jnp.int32)
-  return Stage(step=step, index=lax.rem(step, num_stages),
-               phase=lax.rem(lax.div(step, num_stages), 2))
+  return Stage(step=step, index=lax.rem(step, jnp.int32(num_stages)),
+               phase=lax.rem(lax.div(step, jnp.int32(num_stages)), jnp.int32(2)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,52 +77,63 @@ class ProducerConsumerPipeline:
   @staticmethod
   def barriers(num_stages: int, *, full_arrivals: int = 1, empty_arrivals: int = 1,
                full_orders_tensor_core: bool = False,
-               empty_orders_tensor_core: bool = False) -> dict:
-    """Scratch types for the (full, empty) barrier arrays of a ring."""
+               empty_orders_tensor_core: bool = False,
+               cluster_axes: tuple[str, ...] = ()) -> dict:
+    """Scratch types for the (full, empty) barrier arrays of a ring. With
+    cluster_axes, "empty" collects the consumers' arrivals of every CTA of the
+    cluster (for multicast producers)."""
+    if cluster_axes:
+      empty = plgpu.ClusterBarrier(collective_axes=cluster_axes, num_arrivals=empty_arrivals,
+                                   num_barriers=num_stages)
+    else:
+      empty = plgpu.Barrier(num_arrivals=empty_arrivals, num_barriers=num_stages,
+                            orders_tensor_core=empty_orders_tensor_core)
     return dict(
         full=plgpu.Barrier(num_arrivals=full_arrivals, num_barriers=num_stages,
                            orders_tensor_core=full_orders_tensor_core),
-        empty=plgpu.Barrier(num_arrivals=empty_arrivals, num_barriers=num_stages,
-                            orders_tensor_core=empty_orders_tensor_core))
+        empty=empty)
 
   def stage(self, step) -> Stage:
     return _stage(step, self.num_stages)
 
   # -- producer side ----------------------------------------------------------
-  def wait_consumer(self, st: Stage):
-    """Waits until the consumers freed the slot (not needed in the first round)."""
-    @pl.when(st.step >= self.num_stages)
-    def _():
-      plgpu.barrier_wait(self.empty.at[st.index])
-
-  def producer_mbar(self, st: Stage):
-    """The barrier the producer's TMA copies (or MMA commit) complete."""
-    return self.full.at[st.index]
-
   @contextlib.contextmanager
-  def produce(self, step):
-    """with pipe.produce(step) as st: copy_gmem_to_smem(..., pipe.producer_mbar(st)).
+  def producer(self, total_steps):
+    """The producer's side of the ring, for `total_steps` stages in all.
 
-    Enter: wait for the slot to be free. Exit: nothing to signal; the TMA
-    transactions (or the MMA commit) complete the full barrier.
+        with pipe.producer(total) as produce:
+          ... with produce(step) as st: copy_gmem_to_smem(..., pipe.producer_mbar(st))
+
+    `produce(step)` waits until the consumers freed the slot (from the second
+    round on). Leaving the context waits for the consumers' release of the
+    last min(num_stages, total_steps) stages, which the loop never waited for.
     """
-    st = self.stage(step)
-    self.wait_consumer(st)
-    yield st
+    yield self._produce
+    self.wait_last_releases(total_steps)
 
-  def drain_producer(self, total_steps):
-    """Waits for the releases of the last min(num_stages, total_steps) steps.
-
-    The producer never waited for them in its loop (it stopped producing);
-    afterwards it has observed every phase of `empty` that completes.
-    """
+  def wait_last_releases(self, total_steps):
+    """Waits for the consumers' release of the last min(num_stages, total_steps)
+    stages (what closing `producer` does)."""
     total_steps = jnp.asarray(total_steps, jnp.int32)
     for i in range(self.num_stages):
       step = total_steps - self.num_stages + i
 
       @pl.when(step >= 0)
       def _():
-        plgpu.barrier_wait(self.empty.at[lax.rem(step, self.num_stages)])
+        plgpu.barrier_wait(self.empty.at[lax.rem(step, jnp.int32(self.num_stages))])
+
+  @contextlib.contextmanager
+  def _produce(self, step):
+    st = self.stage(step)
+
+    @pl.when(st.step >= self.num_stages)
+    def _():
+      plgpu.barrier_wait(self.empty.at[st.index])
+    yield st
+
+  def producer_mbar(self, st: Stage):
+    """The barrier the producer's TMA copies (or MMA commit) complete."""
+    return self.full.at[st.index]
 
   # -- consumer side ----------------------------------------------------------
   def wait_producer(self, st: Stage):
@@ -149,9 +160,8 @@ class ProducerConsumerPipeline:
 class EpiLoadPipeline(ProducerConsumerPipeline):
   """Epilogue-load warp -> epilogue warpgroup ring for the residual C tile.
 
-  2 x num_stages barriers: full (producer arrive count 1: a single TMA
-  transaction per stage) and empty (consumer arrive count: the whole epilogue
-  warpgroup, 128 threads; Pallas counts that as 1 warpgroup arrival).
+  2 x num_stages barriers: full (one TMA transaction per stage) and empty (one
+  arrival of the whole epilogue warpgroup).
   """
 
   @staticmethod
@@ -170,15 +180,14 @@ class EpiLoadPipeline(ProducerConsumerPipeline):
       self.release(st)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class MmaContext:
   """The MMA warp's side of the TMEM accumulator ring (the "output pipeline").
 
   tmem: a TMEM ref of shape (rows, num_stages * stage_cols); stage t is the
   column range [t * stage_cols, (t + 1) * stage_cols).
-  tmem_pipe: full = "MMA of this stage done" (tcgen05_commit_arrive, arrive
-  count 1), empty = "epilogue has read the stage" (arrive count 1, the epilogue
-  warpgroup, ordered with the tensor core).
+  tmem_pipe: full = "MMA of this stage done" (tcgen05_commit_arrive), empty =
+  "epilogue has read the stage" (ordered with the tensor core).
 
   Pallas allocates TMEM for the whole kernel and frees it at exit; this context
   owns its use: entering it hands out stages, leaving it (after `total_steps`
@@ -197,12 +206,12 @@ class MmaContext:
         full_orders_tensor_core=True, empty_orders_tensor_core=True)
 
   def __enter__(self):
+    self._producer = self.tmem_pipe.producer(self.total_steps)
+    self._produce = self._producer.__enter__()
     return self
 
-  def __exit__(self, exc_type, *_):
-    if exc_type is None:
-      self.tmem_pipe.drain_producer(self.total_steps)
-    return False
+  def __exit__(self, *exc):
+    return self._producer.__exit__(*exc)
 
   def stage_ref(self, index):
     return self.tmem.at[:, pl.ds(index * self.stage_cols, self.stage_cols)]
@@ -212,7 +221,7 @@ class MmaContext:
     """Enter: wait for a free TMEM stage; yields (stage, its TMEM ref).
     Exit: tcgen05_commit_arrive, which completes the stage's full barrier once
     every MMA issued into it has finished."""
-    with self.tmem_pipe.produce(step) as st:
+    with self._produce(step) as st:
       yield st, self.stage_ref(st.index)
       plgpu.tcgen05_commit_arrive(self.tmem_pipe.producer_mbar(st))
 
@@ -248,3 +257,55 @@ class EpilogueKContext:
     plgpu.commit_smem()      # A-scale reads ordered before the next TMA write to the slot
     self.mma.tmem_pipe.release(tst)
     self.inputs.release(ist)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefetchRing:
+  """A warpgroup's own ring of SMEM slots for streaming pieces of c by TMA.
+
+  smem: (slots, rows, cols); barriers[first_barrier + slot]: one barrier of one
+  TMA arrival per slot. `start(i, src)` issues piece i's copy into slot i % slots; `wait(i)` returns
+  that slot once it landed. Piece i + slots reuses the slot: start it only
+  after piece i was read and the reads fenced (OutputStores.store's
+  commit_smem does that), as the epilogue's order guarantees.
+  """
+  smem: Any
+  barriers: Any
+  first_barrier: Any = 0
+
+  @property
+  def slots(self) -> int:
+    return self.smem.shape[0]
+
+  def start(self, i: int, src):
+    slot = i % self.slots
+    plgpu.copy_gmem_to_smem(src, self.smem.at[slot], self.barriers.at[self.first_barrier + slot])
+
+  def wait(self, i: int):
+    slot = i % self.slots
+    plgpu.barrier_wait(self.barriers.at[self.first_barrier + slot])
+    return self.smem.at[slot]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputStores:
+  """The epilogue's stores: value -> SMEM slot -> TMA -> GMEM, piece by piece.
+
+  smem: (slots, rows, cols) in the output dtype. With 2 slots, piece i's TMA
+  store runs while piece i + 1 is computed; before a slot is rewritten, the
+  store that last read it must have finished reading. `finish()` waits for
+  every store's reads before the kernel (or the SMEM) goes away.
+  """
+  smem: Any
+
+  def store(self, i: int, value, dst):
+    slots = self.smem.shape[0]
+    slot = i % slots
+    plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+    self.smem[slot] = value.astype(self.smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(self.smem.at[slot], dst)
+
+  @staticmethod
+  def finish():
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -16,7 +16,7 @@ import pytest
 import jax_fp8
 from conftest import requires_gpu
 from jax_fp8 import testing
-from jax_fp8.pallas import autotune, hopper
+from jax_fp8.pallas import autotune, hopper, hopper_tiling
 
 BF16 = np.dtype(jnp.bfloat16)
 # Two small candidates that differ in tiling; 2 CTAs each walk several tiles.
@@ -89,8 +89,8 @@ def test_check_rejects_wrong_output():
 def test_hopper_candidates_are_buildable():
   for m, n, k in [(64, 2112, 7168), (4096, 7168, 2048), (200, 7000, 1000)]:
     for out_dtype in (jnp.bfloat16, jnp.float32):
-      cands = hopper.candidate_configs(m, n, k, out_dtype=out_dtype)
-      assert cands[0] == hopper.default_config(m, n, k, out_dtype=out_dtype)
+      cands = hopper_tiling.candidate_configs(m, n, k, out_dtype=out_dtype)
+      assert cands[0] == hopper_tiling.default_config(m, n, k, out_dtype=out_dtype)
       assert len(cands) == len(set(cands)) >= 3
       for cfg in cands:
         cfg.check()
@@ -101,7 +101,7 @@ def test_hopper_candidates_are_buildable():
 def test_hopper_tune_then_public_api_uses_cache(monkeypatch):
   m, n, k = 70, 200, 300
   with testing.gpu_interpret_mode(detect_races=True, uninitialized_memory="nan"):
-    best = hopper.tune(m, n, k, candidates=CANDIDATES, iters=1)
+    best = hopper_tiling.tune(m, n, k, candidates=CANDIDATES, iters=1)
     # Interpret-mode timings are cached under their own device name, also where a GPU exists.
     key = autotune.make_key("pallas_sm90", m, n, k, out_dtype=BF16)
   assert "interpret" in key
@@ -111,7 +111,7 @@ def test_hopper_tune_then_public_api_uses_cache(monkeypatch):
   # The public entry point now lowers with the cached config, not the heuristic.
   def no_heuristic(*args, **kwargs):
     raise AssertionError("the heuristic was consulted although the shape is tuned")
-  monkeypatch.setattr(hopper, "default_config", no_heuristic)
+  monkeypatch.setattr(hopper_tiling, "default_config", no_heuristic)
   ops = testing.random_operands(5, m, n, k)
   with testing.gpu_interpret_mode(detect_races=True, uninitialized_memory="nan"):
     out = jax.block_until_ready(jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(
@@ -121,7 +121,7 @@ def test_hopper_tune_then_public_api_uses_cache(monkeypatch):
 
 def test_env_tunes_on_a_cache_miss_inside_jit(monkeypatch, cache_file):
   monkeypatch.setenv("JAX_FP8_AUTOTUNE", "1")
-  monkeypatch.setattr(hopper, "candidate_configs", lambda *a, **kw: list(CANDIDATES))
+  monkeypatch.setattr(hopper_tiling, "candidate_configs", lambda *a, **kw: list(CANDIDATES))
   m, n, k = 24, 136, 256
   ops = testing.random_operands(6, m, n, k, with_c=True)
   with testing.gpu_interpret_mode(detect_races=True, uninitialized_memory="nan"):
@@ -139,7 +139,7 @@ def test_gpu_tune_deepseek_shape(cache_file):
   """Every candidate at 128x2112x7168 on the GPU: each is checked against the
   float32 reference before it is timed, and the winner is cached for this GPU."""
   m, n, k = 128, 2112, 7168
-  best = hopper.tune(m, n, k, iters=10)
+  best = hopper_tiling.tune(m, n, k, iters=10)
   entry = json.loads(cache_file.read_text())[
       autotune.make_key("pallas_sm90", m, n, k, out_dtype=BF16)]
   for c in sorted(entry["candidates"], key=lambda c: c["ms"]):
@@ -156,8 +156,8 @@ def test_gpu_tune_deepseek_shape(cache_file):
 def test_gpu_env_tunes_during_lowering(monkeypatch, cache_file):
   """JAX_FP8_AUTOTUNE=1: the cache miss is tuned inside the primitive's CUDA lowering."""
   monkeypatch.setenv("JAX_FP8_AUTOTUNE", "1")
-  real = hopper.candidate_configs
-  monkeypatch.setattr(hopper, "candidate_configs", lambda *a, **kw: real(*a, **kw)[:3])
+  real = hopper_tiling.candidate_configs
+  monkeypatch.setattr(hopper_tiling, "candidate_configs", lambda *a, **kw: real(*a, **kw)[:3])
   m, n, k = 300, 2112, 1024
   ops = testing.random_operands(8, m, n, k)
   out = jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(*x, backend="pallas_sm90"))(*ops.args()[:4])

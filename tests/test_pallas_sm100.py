@@ -24,6 +24,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import jax_fp8
 from jax_fp8 import testing
 from jax_fp8.pallas import blackwell as bw
+from jax_fp8.pallas import sm100
 from jax_fp8.pallas import pipeline
 from conftest import requires_gpu
 
@@ -109,7 +110,7 @@ def test_race_detector_sees_a_missing_wait(monkeypatch):
 def test_missing_drain_is_reported(monkeypatch):
   """A producer that leaves without observing the last releases fails the
   interpreter's barrier-phase check."""
-  monkeypatch.setattr(pipeline.ProducerConsumerPipeline, "drain_producer",
+  monkeypatch.setattr(pipeline.ProducerConsumerPipeline, "wait_last_releases",
                       lambda self, total_steps: None)
   ops = testing.random_operands(4, 128, 128, 256)
   with pytest.raises(Exception, match="observed barrier up to phase"):
@@ -137,7 +138,7 @@ def test_config_check_names_the_field(field, value, match):
 def test_default_config_fits_smem():
   for out_dtype in (BF16, F32):
     for c_dtype in (None, F32):
-      cfg = bw.default_config(4096, 7168, 2048, out_dtype=out_dtype, c_dtype=c_dtype)
+      cfg = sm100.default_config(4096, 7168, 2048, out_dtype=out_dtype, c_dtype=c_dtype)
       cfg.check()
       assert cfg.smem_bytes(out_dtype, c_dtype) <= bw.SMEM_BYTES
 
@@ -154,7 +155,7 @@ def test_lowers_for_cuda_without_gpu():
   s = jax.ShapeDtypeStruct
   args = (s((256, 512), jnp.float8_e4m3fn), s((256, 4), jnp.float32),
           s((256, 512), jnp.float8_e4m3fn), s((2, 4), jnp.float32), s((256, 256), jnp.float32))
-  f = lambda a, sa, b, sb, c: bw.blockwise_fp8_dot(a, sa, b, sb, c, beta=1.0, out_dtype=BF16)
+  f = lambda a, sa, b, sb, c: sm100.blockwise_fp8_dot(a, sa, b, sb, c, beta=1.0, out_dtype=BF16)
   text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "tcgen05" in text
 

@@ -18,7 +18,7 @@ from conftest import requires_gpu
 
 import jax_fp8
 from jax_fp8 import testing
-from jax_fp8.pallas import hopper
+from jax_fp8.pallas import hopper, hopper_tiling
 
 FP8 = jnp.float8_e4m3fn
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
@@ -188,105 +188,106 @@ def test_lowers_for_cuda(m, n, k, c_dtype, out_dtype):
 def test_default_config_heuristic():
   # Decode shapes take 64-row tiles (a 128-row tile would be mostly padding).
   for n, k in ((2112, 7168), (24576, 1536), (7168, 2048)):
-    assert hopper.default_config(1, n, k).tile_m == 64
-    assert hopper.default_config(64, n, k).tile_m == 64
-  big = hopper.default_config(4096, 7168, 2048)
+    assert hopper_tiling.default_config(1, n, k).tile_m == 64
+    assert hopper_tiling.default_config(64, n, k).tile_m == 64
+  big = hopper_tiling.default_config(4096, 7168, 2048)
   assert (big.tile_m, big.tile_n, big.consumers) == (128, 256, 2)
   # Two 64 x 128 chunks per consumer: the producer keeps more registers so that
   # ptxas's allocation of the consumers' K loop does not spill.
   assert big.producer_registers == 72
-  assert hopper.default_config(64, 7168, 2048).producer_registers == 40
+  assert hopper_tiling.default_config(64, 7168, 2048).producer_registers == 40
   # Long K loops: a 4-deep ring that divides the K blocks, chained; not at K=7168.
-  long_k = hopper.default_config(4096, 7168, 16384)
-  assert long_k.stages == 4 and hopper.chains_tiles(long_k, 4096, 7168, 16384)
-  assert hopper.default_config(4096, 4096, 7168).stages == 3
+  long_k = hopper_tiling.default_config(4096, 7168, 16384)
+  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 4096, 7168, 16384)
+  assert hopper_tiling.default_config(4096, 4096, 7168).stages == 3
   # Narrow N at large M: three consumers' 192-row tiles fill the waves (3 of them,
   # where 128 x 128 tiles need 4.1).
-  narrow = hopper.default_config(4096, 2112, 7168)
+  narrow = hopper_tiling.default_config(4096, 2112, 7168)
   assert (narrow.tile_m, narrow.tile_n, narrow.consumers) == (192, 128, 3)
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
-  short = hopper.default_config(4096, 32768, 512)
+  short = hopper_tiling.default_config(4096, 32768, 512)
   assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
-  assert hopper.chains_tiles(short, 4096, 32768, 512)
+  assert hopper_tiling.chains_tiles(short, 4096, 32768, 512)
   # ... but not where 192-row tiles would be a third padding.
-  assert hopper.default_config(256, 32768, 512).tile_m != 192
+  assert hopper_tiling.default_config(256, 32768, 512).tile_m != 192
   # Autotuning may try three consumer warpgroups (192 x 128 tiles) at large M.
-  assert any(c.consumers == 3 for c in hopper.candidate_configs(4096, 2112, 7168))
+  assert any(c.consumers == 3 for c in hopper_tiling.candidate_configs(4096, 2112, 7168))
   # Where tilings tie on waves, the one whose tiles chain (128 x 64: 3 per CTA, a
   # 6-deep ring dividing the 12 K blocks) over one wave of unchained 128 x 256.
-  mid = hopper.default_config(128, 24576, 1536)
-  assert (mid.tile_m, mid.tile_n) == (128, 64) and hopper.chains_tiles(mid, 128, 24576, 1536)
+  mid = hopper_tiling.default_config(128, 24576, 1536)
+  assert (mid.tile_m, mid.tile_n) == (128, 64) and hopper_tiling.chains_tiles(mid, 128, 24576, 1536)
   # One wave of 64 x 192 tiles (three consumers) where 256-wide tiles leave a quarter
   # of the SMs idle; for M > 64 not over several waves (two 64-row tiles per B tile).
-  wide = hopper.default_config(64, 24576, 1536)
+  wide = hopper_tiling.default_config(64, 24576, 1536)
   assert (wide.tile_m, wide.tile_n, wide.consumers, wide.k_step) == (64, 192, 3, 2)
-  assert hopper.default_config(128, 12288, 1536).consumers == 3
-  assert hopper.default_config(128, 24576, 512).consumers == 2
-  assert any(c.consumers == 3 for c in hopper.candidate_configs(64, 24576, 1536))
+  assert hopper_tiling.default_config(128, 12288, 1536).consumers == 3
+  assert hopper_tiling.default_config(128, 24576, 512).consumers == 2
+  assert any(c.consumers == 3 for c in hopper_tiling.candidate_configs(64, 24576, 1536))
   # Narrow N at small M: tiles (x K splits) enough to give most of the 132 SMs work.
   for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168),
                   (64, 2112, 2048), (128, 7168, 16384)):
-    cfg = hopper.default_config(m, n, k)
+    cfg = hopper_tiling.default_config(m, n, k)
     tiles = pl.cdiv(m, cfg.tile_m) * pl.cdiv(n, cfg.tile_n) * cfg.split_k
     assert 64 <= tiles <= 132, (m, n, k, cfg)
   # ... by splitting K where it is long: 64-column tiles of all M rows.
   for m, n, k, split_k in ((64, 2112, 7168, 4), (128, 2112, 7168, 4), (64, 4096, 7168, 2),
                            (128, 4096, 7168, 2), (1, 2112, 4096, 4)):
-    cfg = hopper.default_config(m, n, k)
+    cfg = hopper_tiling.default_config(m, n, k)
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (max(64, m), 64, split_k), (m, n, k, cfg)
   # Decode K loops of >= 12 blocks (and split-K ones) take two blocks per step, in a
   # ring of the same bytes; shorter ones and large M one.
   for m, n, k in ((64, 7168, 2048), (128, 24576, 1536), (128, 7168, 16384), (64, 2112, 7168),
                   (128, 4096, 7168)):
-    cfg = hopper.default_config(m, n, k)
+    cfg = hopper_tiling.default_config(m, n, k)
     assert cfg.k_step == 2, (m, n, k, cfg)
   for m, n, k in ((128, 32768, 512), (64, 2112, 1024), (4096, 7168, 16384), (4096, 2112, 7168)):
-    assert hopper.default_config(m, n, k).k_step == 1, (m, n, k)
-  assert hopper.default_config(64, 7168, 2048).stages == 4  # 8 one-block stages of 64 x 64
+    assert hopper_tiling.default_config(m, n, k).k_step == 1, (m, n, k)
+  assert hopper_tiling.default_config(64, 7168, 2048).stages == 4  # 8 one-block stages of 64 x 64
   # 128x24576x1536 still chains (6 steps of 2 blocks on a 3-deep ring).
-  assert hopper.chains_tiles(mid, 128, 24576, 1536)
-  assert any(c.k_step == 2 for c in hopper.candidate_configs(128, 7168, 2048))
+  assert hopper_tiling.chains_tiles(mid, 128, 24576, 1536)
+  assert any(c.k_step == 2 for c in hopper_tiling.candidate_configs(128, 7168, 2048))
   # Autotuning also times pairs of 64-row tiles sharing B (no K split) where M has
   # two row tiles; no candidate pairs a tile with one wholly past M.
   assert any(c.cluster_m == 2 and c.tile_m == 64 and c.split_k == 1
-             for c in hopper.candidate_configs(128, 4096, 7168))
+             for c in hopper_tiling.candidate_configs(128, 4096, 7168))
   for m, n, k in ((64, 4096, 7168), (128, 7168, 2048), (200, 7000, 1000), (4096, 7168, 2048)):
-    for c in hopper.candidate_configs(m, n, k):
+    for c in hopper_tiling.candidate_configs(m, n, k):
       assert c.cluster_m == 1 or pl.cdiv(m, c.tile_m) >= 2, (m, n, k, c)
   # Decode (and split-K decode) multiplies the scales at promotion; the chained
   # short-K tiles of large M carry their product.
   for m, n, k in ((64, 7168, 16384), (128, 7168, 2048), (1, 2112, 7168), (128, 4096, 7168)):
-    assert not hopper.default_config(m, n, k).scale_product, (m, n, k)
-    assert not any(c.scale_product for c in hopper.candidate_configs(m, n, k)), (m, n, k)
-  assert hopper.default_config(4096, 32768, 512).scale_product
+    assert not hopper_tiling.default_config(m, n, k).scale_product, (m, n, k)
+    assert not any(c.scale_product for c in hopper_tiling.candidate_configs(m, n, k)), (m, n, k)
+  assert hopper_tiling.default_config(4096, 32768, 512).scale_product
   # One wave of 128-row tiles over a long K: pairs of CTAs share A.
-  assert hopper.default_config(128, 7168, 16384).cluster_n == 2
+  assert hopper_tiling.default_config(128, 7168, 16384).cluster_n == 2
   for m, n, k in ((128, 24576, 1536), (128, 7168, 2048), (128, 4096, 7168), (64, 7168, 16384)):
-    assert hopper.default_config(m, n, k).cluster_n == 1, (m, n, k)
+    assert hopper_tiling.default_config(m, n, k).cluster_n == 1, (m, n, k)
   # Not where the tiles already fill the SMs, K is short, or M is large.
   for m, n, k in ((128, 7168, 16384), (64, 2112, 2048), (64, 24576, 1536), (256, 2112, 7168)):
-    assert hopper.default_config(m, n, k).split_k == 1, (m, n, k)
+    assert hopper_tiling.default_config(m, n, k).split_k == 1, (m, n, k)
   for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168),
                   (4097, 7000, 1000), (4096, 32768, 512), (64, 32768, 512), (64, 24576, 1536),
                   (7, 18432, 512)):
     for out_dtype in (BF16, F32):
       for c_dtype in (None, jnp.float32):
-        cfg = hopper.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+        cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
         cfg.check()
         assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper.SMEM_BYTES
 
 
-def test_pipelines_chain_only_where_every_cta_has_two_tiles():
-  assert hopper.chains_tiles(CHAIN, 200, 150, 512)        # 12 tiles on 2 CTAs, 4 K blocks
-  assert hopper.chains_tiles(CHAIN, 130, 300, 500)        # 15 tiles: 8 and 7 per CTA
-  assert hopper.chains_tiles(CHAIN_3, 130, 200, 384)      # 4 tiles, 3 K blocks, 3 stages
-  assert not hopper.chains_tiles(CHAIN, 64, 64, 512)      # one tile: one CTA, no chain
-  assert not hopper.chains_tiles(CHAIN, 100, 64, 512)     # 2 tiles on 2 CTAs: one each
-  assert not hopper.chains_tiles(CHAIN, 200, 150, 384)    # 3 K blocks, 2 stages
-  assert not hopper.chains_tiles(dataclasses.replace(CHAIN, chain_tiles=False), 200, 150, 512)
+def test_cost_model_chain_rule():
+  # The tiling rules' cost model charges less per tile where every CTA runs
+  # >= 2 tiles and the ring wraps at a tile's end (the kernel's ring always runs on).
+  assert hopper_tiling.chains_tiles(CHAIN, 200, 150, 512)        # 12 tiles on 2 CTAs, 4 K blocks
+  assert hopper_tiling.chains_tiles(CHAIN, 130, 300, 500)        # 15 tiles: 8 and 7 per CTA
+  assert hopper_tiling.chains_tiles(CHAIN_3, 130, 200, 384)      # 4 tiles, 3 K blocks, 3 stages
+  assert not hopper_tiling.chains_tiles(CHAIN, 64, 64, 512)      # one tile: one CTA, no chain
+  assert not hopper_tiling.chains_tiles(CHAIN, 100, 64, 512)     # 2 tiles on 2 CTAs: one each
+  assert not hopper_tiling.chains_tiles(CHAIN, 200, 150, 384)    # 3 K blocks, 2 stages
   # Large-M default tilings chain where their ring divides the K blocks.
-  assert hopper.chains_tiles(hopper.default_config(4096, 24576, 1536), 4096, 24576, 1536)
-  assert hopper.chains_tiles(THREE_WG, 400, 260, 512)      # 3 x 3 tiles of 192 x 128, 2 CTAs
+  assert hopper_tiling.chains_tiles(hopper_tiling.default_config(4096, 24576, 1536), 4096, 24576, 1536)
+  assert hopper_tiling.chains_tiles(THREE_WG, 400, 260, 512)      # 3 x 3 tiles of 192 x 128, 2 CTAs
 
 
 def test_config_validation():
@@ -409,7 +410,7 @@ def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
 def test_gpu_three_consumers(m, n, k, out_dtype, with_c):
   # The autotuning candidate with three consumer warpgroups (192 x 128 tiles).
   c_dtype = F32 if with_c else None
-  cfg = next(c for c in hopper.candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+  cfg = next(c for c in hopper_tiling.candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
              if c.consumers == 3)
   a, sa, b, sb, c = _gpu_operands(m, n, k, 4, with_c)
   beta = 0.5 if with_c else 1.0

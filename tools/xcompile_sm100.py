@@ -46,7 +46,7 @@ def main() -> int:
   from jax._src.lib import _jax
   from jax.experimental import topologies
   import jax.experimental.mosaic.gpu.utils as mgpu_utils
-  from jax_fp8.pallas import blackwell
+  from jax_fp8.pallas import blackwell, sm100
 
   m, n, k = (int(x) for x in args.shape.lower().split("x"))
   report = {"shape": [m, n, k], "with_c": args.with_c, "out_dtype": args.out_dtype}
@@ -68,7 +68,7 @@ def main() -> int:
   mesh = jax.sharding.Mesh(np.array(topo.devices[:1]), ("x",))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   mgpu_utils._infer_arch = lambda: (10, 0)  # Mosaic would ask the host GPU (9.0)
-  blackwell._num_sms = lambda: 148           # a B200's SMs
+  blackwell.num_sms = lambda: 148            # a B200's SMs
 
   def spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
@@ -78,8 +78,8 @@ def main() -> int:
   avals.append(spec((m, n), jnp.float32) if args.with_c else None)
 
   def fn(a, sa, b, sb, c):
-    return blackwell.blockwise_fp8_dot(a, sa, b, sb, c, beta=1.0,
-                                       out_dtype=jnp.dtype(args.out_dtype))
+    return sm100.blockwise_fp8_dot(a, sa, b, sb, c, beta=1.0,
+                                   out_dtype=jnp.dtype(args.out_dtype))
 
   t0 = time.time()
   jax.jit(fn).trace(*avals).lower().compile()

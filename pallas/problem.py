@@ -1,0 +1,141 @@
+"""From a call's operands to what a kernel launches: one place for every variant.
+
+Each entry point (`dense`, `ragged`, `masked`) turns the 2-D (or grouped)
+operands of an operation into a `Launch`: the `Problem` the kernel body is
+specialised on (its scheduler, scale recipe and row handling), the operands
+with their leading group axes, padded for tiled TMA by the kernel's own `pad`,
+the output's shape and dtype, and `finish`, which turns the kernel's output
+into the operation's result (crop, and for K splits the reduction). Both
+kernels (hopper.py, blackwell.py) launch the same `Launch`es.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+from jax_fp8.pallas import scheduler as sched_lib
+from jax_fp8.pallas.common import C_DTYPES, K_BLOCK, round_up
+from jax_fp8.pallas.recipe import BLOCK_128, ScaleRecipe, recipe_for
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """What a kernel body is specialised on besides its config."""
+  scheduler: Any         # a pallas.scheduler scheduler (its GMEM tables come as `meta`)
+  recipe: ScaleRecipe
+  k_blocks: int          # K blocks of one unit of work (one K split)
+  beta: float = 1.0
+  mask_rows: bool = False   # a K pass changes only its rows (ragged groups)
+  zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+  """What setting up a launch needs of a kernel's config."""
+  tile_m: int
+  tile_n: int
+  pad: Callable          # (a, a_scale, b, c) with group axes -> common.TmaOperands
+  grid_minor: str = "n"
+  group: int = 8
+  split_k: int = 1
+  cluster_m: int = 1
+  cluster_n: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  problem: Problem
+  args: tuple            # (a, a_scale, b, b_scale, c, meta) as the kernel takes them
+  out_shape: tuple       # (groups, rows, cols)
+  out_dtype: Any
+  finish: Callable       # kernel output -> the operation's result
+
+
+def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
+  """b_scale [G, nb, kb] as given (128x128), or per-row [G, N, kb] transposed to
+  [G, kb, n_cols] (zero-padded) so that a chunk's scales are one contiguous load."""
+  if not recipe.per_row_b:
+    return b_scale.astype(jnp.float32)
+  bs = jnp.swapaxes(b_scale.astype(jnp.float32), 1, 2)
+  return jnp.pad(bs, ((0, 0), (0, 0), (0, n_cols - bs.shape[2])))
+
+
+def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
+          b_scale_rows: int) -> Launch:
+  """One GEMM, a [M, K] x b [N, K]; with t.split_k > 1, K ranges written as
+  float32 partials and summed (with beta * c) by one fused XLA reduction."""
+  m, k = a.shape
+  n = b.shape[0]
+  out_dtype = np.dtype(out_dtype)
+  k_blocks = pl.cdiv(k, K_BLOCK)
+  if k_blocks % t.split_k:
+    raise ValueError(f"split_k={t.split_k} must divide the {k_blocks} K blocks of K={k}")
+  if c is not None and np.dtype(c.dtype) not in C_DTYPES:
+    c = c.astype(jnp.float32)
+  recipe = recipe_for(b_scale_rows)
+  split = t.split_k > 1
+  ops = t.pad(a[None], a_scale[None], b[None], None if c is None or split else c[None])
+  # A split's partial output has whole tiles of rows: the TMA stores of its
+  # last row tile must not land in the next split's rows.
+  rows = pl.cdiv(m, t.tile_m) * t.tile_m if split else ops.rows
+  sched = sched_lib.DenseScheduler(
+      m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n, grid_minor=t.grid_minor, group=t.group,
+      k_blocks=k_blocks // t.split_k, split_k=t.split_k, cluster_m=t.cluster_m,
+      cluster_n=t.cluster_n)
+
+  def finish(out):
+    if not split:
+      return out[0, :m, :n]
+    # One fused XLA reduction, in a fixed order (deterministic).
+    out = out[:, :m, :n].sum(axis=0)
+    if c is not None:
+      out = out + beta * c.astype(jnp.float32)
+    return out.astype(out_dtype)
+
+  return Launch(Problem(sched, recipe, k_blocks // t.split_k, float(beta)),
+                (ops.a, ops.a_scale, ops.b,
+                 _b_scale_for(recipe, b_scale[None], round_up(n, t.tile_n)), ops.c, {}),
+                (t.split_k, rows, ops.out_cols),
+                np.dtype(jnp.float32) if split else out_dtype, finish)
+
+
+def _check_grouped(t: Tiling):
+  if t.split_k != 1 or t.cluster_m * t.cluster_n != 1:
+    raise ValueError("grouped GEMMs take no K splits and no clusters (split_k=1, "
+                     f"cluster_m=cluster_n=1), got {t}")
+
+
+def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Launch:
+  """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
+  (b_scale [G, nb, kb]); rows past the groups are zeros. Result [M, N]."""
+  _check_grouped(t)
+  m, k = a.shape
+  g, n, _ = b.shape
+  ops = t.pad(a[None], a_scale[None], b, None)
+  starts, pass_group, tile_passes = sched_lib.ragged_tables(group_sizes, m, t.tile_m)
+  sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
+                                    grid_minor=t.grid_minor, group=t.group, num_groups=g)
+  meta = dict(group_start=starts, pass_group=pass_group, tile_passes=tile_passes)
+  return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), mask_rows=True, zero_rows=True),
+                (ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None, meta),
+                (1, ops.rows, ops.out_cols), np.dtype(out_dtype), lambda out: out[0, :m, :n])
+
+
+def masked(t: Tiling, a, a_scale, b, b_scale, masked_m, *, out_dtype) -> Launch:
+  """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g]
+  rows exist (the rest are stored as zeros). Result [G, M, N]."""
+  _check_grouped(t)
+  g, m, k = a.shape
+  n = b.shape[1]
+  ops = t.pad(a, a_scale, b, None)
+  sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
+                                    grid_minor=t.grid_minor, group=t.group, groups=g)
+  rows = jnp.clip(masked_m.astype(jnp.int32), 0, m)
+  return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True),
+                (ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,
+                 dict(masked_m=rows)),
+                (g, ops.rows, ops.out_cols), np.dtype(out_dtype), lambda out: out[:, :m, :n])

@@ -1,0 +1,41 @@
+"""Backend "pallas_sm90": the Hopper kernel (pallas/hopper.py) with its tiling
+rules (pallas/hopper_tiling.py), in jax_fp8.backends' protocol."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_fp8.pallas import hopper, hopper_tiling
+from jax_fp8.pallas.common import SCALE_N, unsupported_reason
+
+__all__ = ["blockwise_fp8_dot", "masked_dot", "ragged_dot", "unsupported_reason"]
+
+
+def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=SCALE_N,
+                      config: hopper.HopperConfig | None = None):
+  """2-D blockwise FP8 matmul on a Hopper GPU (or in GPU interpret mode)."""
+  m, k = a.shape
+  c_dtype = None if c is None else np.dtype(c.dtype)
+  if c_dtype is not None and c_dtype not in hopper.C_DTYPES:
+    c_dtype = np.dtype(np.float32)
+  cfg = config or hopper_tiling.config_for(m, b.shape[0], k, out_dtype=out_dtype,
+                                           c_dtype=c_dtype, b_scale_rows=b_scale_rows)
+  return hopper.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
+                                  b_scale_rows=b_scale_rows, config=cfg)
+
+
+def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
+               config: hopper.HopperConfig | None = None):
+  """Grouped rows of a [M, K] times b [G, N, K] (see hopper.ragged_dot)."""
+  m, k = a.shape
+  cfg = config or hopper_tiling.default_config(m, b.shape[1], k, out_dtype=out_dtype,
+                                               grouped=True)
+  return hopper.ragged_dot(a, a_scale, b, b_scale, group_sizes, out_dtype=out_dtype, config=cfg)
+
+
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
+               config: hopper.HopperConfig | None = None):
+  """G masked GEMMs a [G, M, K] times b [G, N, K] (see hopper.masked_dot)."""
+  g, m, k = a.shape
+  cfg = config or hopper_tiling.default_config(m, b.shape[1], k, out_dtype=out_dtype,
+                                               groups=g, grouped=True)
+  return hopper.masked_dot(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype, config=cfg)

@@ -1,0 +1,222 @@
+"""The Hopper and Blackwell kernels' schedulers and scale recipes, kernel by kernel.
+
+- per-row b scales (the weight gradient's "1D1D" recipe, b_scale_rows=1);
+- ragged groups (RaggedScheduler): tiles that span several groups, empty
+  groups, a group cut at M, rows past the last group;
+- masked groups (MaskedScheduler): empty, full and partial groups, garbage
+  (NaN) rows past masked_m, tiles wholly past masked_m.
+
+CPU (CI): GPU interpret mode with race detection, outputs poisoned with NaN
+(uninitialized_memory="nan"), small tiles and 2-3 CTAs so that every CTA walks
+several tiles; and Mosaic lowering for CUDA of each variant. GPU: DeepSeek-V3
+sizes on a Hopper GPU.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import requires_gpu
+
+from jax_fp8 import testing
+from jax_fp8.pallas import blackwell, hopper, sm90
+
+FP8 = jnp.float8_e4m3fn
+BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
+
+H_SMALL = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="n", stages=2, num_sms=3,
+                              epi_tile_n=32)
+H_SPLIT_M = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, num_sms=2)
+H_TWO_CHUNKS = dataclasses.replace(hopper.HopperConfig(), stages=2, num_sms=2)  # 128 x 256
+B_SMALL = blackwell.BlackwellConfig(tile_n=64, input_stages=2, num_ctas=3, epi_tile_n=32)
+B_WIDE = blackwell.BlackwellConfig(tile_n=256, input_stages=2, tmem_stages=2, num_ctas=2)
+
+
+def _interpret(fn, *args):
+  with testing.gpu_interpret_mode(detect_races=True, uninitialized_memory="nan"):
+    return jax.block_until_ready(jax.jit(fn)(*args))
+
+
+def _fp8(rng, shape):
+  return jnp.asarray(testing.random_fp8(rng, shape))
+
+
+def _scales(rng, shape):
+  return jnp.asarray(testing.random_scales(rng, shape))
+
+
+def _per_row_reference(a, a_scale, b, b_scale_rows):
+  """The contract with one b scale per row of b, in float64."""
+  a64 = np.asarray(a.astype(jnp.float32), np.float64)
+  b64 = np.asarray(b.astype(jnp.float32), np.float64)
+  sa, sb = np.asarray(a_scale, np.float64), np.asarray(b_scale_rows, np.float64)
+  out = np.zeros((a64.shape[0], b64.shape[0]))
+  for kb in range(sa.shape[1]):
+    cols = slice(kb * 128, (kb + 1) * 128)
+    out += (a64[:, cols] @ b64[:, cols].T) * sa[:, kb:kb + 1] * sb[None, :, kb]
+  return out
+
+
+def _ragged_operands(seed, m, n, k, sizes):
+  rng = np.random.default_rng(seed)
+  g, kb, nb = len(sizes), -(-k // 128), -(-n // 128)
+  a, sa = _fp8(rng, (m, k)), _scales(rng, (m, kb))
+  b, sb = _fp8(rng, (g, n, k)), _scales(rng, (g, nb, kb))
+  ref, start = np.zeros((m, n)), 0
+  for i, size in enumerate(sizes):
+    end = min(start + max(size, 0), m)
+    if end > start:
+      ref[start:end] = testing.reference_f64(a[start:end], sa[start:end], b[i], sb[i])
+    start = end
+  return (a, sa, b, sb, jnp.asarray(sizes, jnp.int32)), ref, start
+
+
+def _masked_operands(seed, g, m, n, k, masked_m):
+  rng = np.random.default_rng(seed)
+  kb, nb = -(-k // 128), -(-n // 128)
+  a = np.array(testing.random_fp8(rng, (g, m, k)))
+  for i, rows in enumerate(masked_m):
+    a[i, max(rows, 0):] = np.nan  # rows past masked_m hold garbage: they must not leak
+  a, sa = jnp.asarray(a), _scales(rng, (g, m, kb))
+  b, sb = _fp8(rng, (g, n, k)), _scales(rng, (g, nb, kb))
+  ref = np.zeros((g, m, n))
+  for i, rows in enumerate(masked_m):
+    rows = min(max(rows, 0), m)
+    if rows:
+      ref[i, :rows] = testing.reference_f64(a[i, :rows], sa[i, :rows], b[i], sb[i])
+  return (a, sa, b, sb, jnp.asarray(masked_m, jnp.int32)), ref
+
+
+KERNELS = {"sm90": hopper, "sm100": blackwell}
+
+
+@pytest.mark.parametrize("arch,cfg,m,n,k,out_dtype", [
+    ("sm90", H_SMALL, 70, 200, 300, F32),                   # one chunk per warpgroup
+    ("sm90", dataclasses.replace(H_SMALL, k_step=2), 70, 130, 300, BF16),  # last step past K
+    ("sm90", H_SPLIT_M, 200, 136, 384, F32),
+    ("sm90", H_TWO_CHUNKS, 136, 264, 256, F32),             # two chunks share a column factor
+    ("sm100", B_SMALL, 130, 200, 300, F32),
+    ("sm100", B_WIDE, 100, 300, 256, BF16),
+])
+def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
+  rng = np.random.default_rng(m + n + k)
+  kb = -(-k // 128)
+  a, sa, b, sb = _fp8(rng, (m, k)), _scales(rng, (m, kb)), _fp8(rng, (n, k)), _scales(rng, (n, kb))
+
+  def fn(a, sa, b, sb):
+    return KERNELS[arch].blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0, out_dtype=out_dtype,
+                                           b_scale_rows=1, config=cfg)
+  out = _interpret(fn, a, sa, b, sb)
+  testing.assert_close(out, _per_row_reference(a, sa, b, sb), out_dtype)
+
+
+@pytest.mark.parametrize("arch,cfg,m,sizes", [
+    # a 64-row tile meeting 4 groups (37 | 0 | 1 | 100...), a group cut at M, rows past the sum
+    ("sm90", H_SMALL, 200, [37, 0, 1, 100, 20]),
+    ("sm90", H_SMALL, 130, [0, 130]),                          # all rows in one group
+    ("sm90", H_SMALL, 150, [200, 5]),                          # the first group cut at M
+    ("sm90", H_SPLIT_M, 300, [129, 127, 0, 1]),                # 128-row tiles, two warpgroups
+    ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
+    ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),
+    ("sm100", B_SMALL, 200, [-5, 129, 3]),                     # a negative size counts as 0
+])
+def test_ragged(arch, cfg, m, sizes):
+  args, ref, end = _ragged_operands(m, m, 96, 300, sizes)
+  fn = lambda *xs: KERNELS[arch].ragged_dot(*xs, out_dtype=F32, config=cfg)
+  out = np.asarray(_interpret(fn, *args), np.float64)
+  assert np.all(out[end:] == 0.0), "rows past the last group must be zeros"
+  if end:
+    testing.assert_close(out[:end], ref[:end], F32)
+
+
+@pytest.mark.parametrize("arch,cfg,m,masked_m,out_dtype", [
+    ("sm90", H_SMALL, 100, [0, 100, 37], F32),       # empty, full, partial; 2 row tiles
+    ("sm90", H_SPLIT_M, 130, [129, 1], BF16),
+    ("sm90", dataclasses.replace(H_SMALL, k_step=2), 64, [64, 5, 200], F32),  # clamped to M
+    ("sm100", B_SMALL, 130, [0, 130, 37], F32),
+])
+def test_masked(arch, cfg, m, masked_m, out_dtype):
+  args, ref = _masked_operands(m, len(masked_m), m, 96, 300, masked_m)
+  fn = lambda *xs: KERNELS[arch].masked_dot(*xs, out_dtype=out_dtype, config=cfg)
+  out = np.asarray(_interpret(fn, *args).astype(jnp.float32), np.float64)
+  for i, rows in enumerate(masked_m):
+    assert np.all(out[i, max(0, min(rows, m)):] == 0.0), f"group {i}: rows past masked_m"
+  testing.assert_close(out.reshape(-1, 96), ref.reshape(-1, 96), F32,
+                       tol=testing.TOLERANCE[out_dtype])
+
+
+def test_grouped_configs_take_no_splits_or_clusters():
+  args, _, _ = _ragged_operands(0, 64, 64, 128, [64])
+  for bad in (dict(split_k=2), dict(cluster_m=2)):
+    with pytest.raises(ValueError, match="grouped"):
+      hopper.ragged_dot(*args, out_dtype=F32, config=dataclasses.replace(H_SMALL, **bad))
+
+
+def _lower(fn, *avals):
+  return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_variants_lower_for_cuda(arch):
+  """Mosaic lowering (layout inference included) of every variant, without a GPU:
+  interpret mode accepts some programs the compiler does not."""
+  s = jax.ShapeDtypeStruct
+  k, n, g = 1600, 2112, 4   # 13 K blocks: a two-block step's second block past K
+  mod = {"sm90": sm90, "sm100": blackwell}[arch]
+  cfg = None if arch == "sm90" else B_SMALL
+  per_row = (s((100, k), FP8), s((100, 13), jnp.float32), s((n, k), FP8), s((n, 13), jnp.float32))
+  _lower(lambda a, sa, b, sb: mod.blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0,
+                                                    out_dtype=BF16, b_scale_rows=1, config=cfg),
+         *per_row)
+  grouped = (s((4096, k), FP8), s((4096, 13), jnp.float32), s((g, n, k), FP8),
+             s((g, 17, 13), jnp.float32), s((g,), jnp.int32))
+  _lower(lambda *xs: mod.ragged_dot(*xs, out_dtype=BF16, config=cfg), *grouped)
+  masked = (s((g, 100, k), FP8), s((g, 100, 13), jnp.float32), s((g, n, k), FP8),
+            s((g, 17, 13), jnp.float32), s((g,), jnp.int32))
+  _lower(lambda *xs: mod.masked_dot(*xs, out_dtype=BF16, config=cfg), *masked)
+
+
+# ---------------------------------------------------------------------------- GPU
+
+GPU_TOL = {BF16: 4e-3, F32: 2.5e-4}
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k", [(4096, 7168, 4096), (7168, 2048, 4096), (128, 512, 16384)])
+def test_gpu_per_row_b_scales(m, n, k):
+  """The weight-gradient shapes: M = a layer's input features, K = tokens."""
+  rng = np.random.default_rng(0)
+  kb = -(-k // 128)
+  a, sa, b, sb = _fp8(rng, (m, k)), _scales(rng, (m, kb)), _fp8(rng, (n, k)), _scales(rng, (n, kb))
+  out = jax.jit(lambda *xs: sm90.blockwise_fp8_dot(*xs, None, beta=1.0, out_dtype=F32,
+                                                   b_scale_rows=1))(a, sa, b, sb)
+  testing.assert_close(out, _per_row_reference(a, sa, b, sb), F32, tol=GPU_TOL[F32])
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("n,k", [(4096, 7168), (7168, 2048)])
+@pytest.mark.parametrize("sizes", ["aligned", "random"])
+def test_gpu_ragged(n, k, sizes):
+  rng = np.random.default_rng(1)
+  g, m = 8, 8192
+  group_sizes = ([m // g] * g if sizes == "aligned"
+                 else list(rng.multinomial(m - 300, np.ones(g) / g)))  # 300 rows past the sum
+  args, ref, end = _ragged_operands(2, m, n, k, group_sizes)
+  out = np.asarray(jax.jit(lambda *xs: sm90.ragged_dot(*xs, out_dtype=BF16))(*args)
+                   .astype(jnp.float32), np.float64)
+  assert np.all(out[end:] == 0.0)
+  testing.assert_close(out[:end], ref[:end], F32, tol=GPU_TOL[BF16])
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("g,m,n,k", [(32, 64, 4096, 7168), (4, 256, 7168, 2048)])
+def test_gpu_masked(g, m, n, k):
+  rng = np.random.default_rng(3)
+  masked_m = [int(x) for x in rng.integers(0, m + 1, size=g)]
+  args, ref = _masked_operands(4, g, m, n, k, masked_m)
+  out = np.asarray(jax.jit(lambda *xs: sm90.masked_dot(*xs, out_dtype=BF16))(*args)
+                   .astype(jnp.float32), np.float64)
+  for i, rows in enumerate(masked_m):
+    assert np.all(out[i, rows:] == 0.0)
+  testing.assert_close(out.reshape(-1, n), ref.reshape(-1, n), F32, tol=GPU_TOL[BF16])
