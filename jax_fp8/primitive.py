@@ -78,7 +78,7 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend):
     raise TypeError(f"beta must be a Python real number (static), got {type(beta).__name__}")
   if not np.isfinite(beta):
     raise ValueError(f"beta must be finite, got {beta}")
-  if abs(beta) > np.finfo(np.float32).max:
+  if abs(beta) > float(np.finfo(np.float32).max):
     raise ValueError(f"beta must be finite in float32 (|beta| <= {np.finfo(np.float32).max:.8g}), "
                      f"the precision c is scaled in; got {beta}")
   if c is None and beta != 1.0:
