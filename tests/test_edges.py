@@ -17,8 +17,7 @@ import pytest
 
 import jax_fp8
 from jax_fp8 import quantize, testing
-from jax_fp8.pallas import blackwell as bw
-from jax_fp8.pallas import hopper
+from jax_fp8.pallas import hopper, sm90, sm100
 
 F32, BF16 = np.dtype(jnp.float32), np.dtype(jnp.bfloat16)
 KERNEL_REWRITE = "kernel rewrite (lead)"
@@ -284,8 +283,7 @@ def test_sweep_catches_scales_multiplied_into_the_operands(monkeypatch):
 SMALL = hopper.HopperConfig(tile_m=64, tile_n=128, wg_split="n", stages=2, num_sms=2)
 
 
-@pytest.mark.parametrize("which", [
-    pytest.param("a", marks=pytest.mark.xfail(strict=True, reason=KERNEL_REWRITE)), "b"])
+@pytest.mark.parametrize("which", ["a", "b"])
 def test_hopper_two_block_steps_infinite_scale_in_the_last_odd_block(which):
   """3 K blocks in steps of 2: the second block of the last step lies past K."""
   ops = testing.random_operands(23, 40, 300, 300)
@@ -328,15 +326,12 @@ def test_x64(backend):
   testing.assert_close(out, testing.reference_f64(qx, sx, qw, sw, c, beta=0.5), F32)
 
 
-@pytest.mark.parametrize("kernel", [
-    "pallas_sm90",
-    pytest.param("pallas_sm100", marks=pytest.mark.xfail(strict=True, reason=KERNEL_REWRITE)),
-])
+@pytest.mark.parametrize("kernel", ["pallas_sm90", "pallas_sm100"])
 def test_x64_kernels_lower_for_cuda(kernel):
   s = jax.ShapeDtypeStruct
   args = (s((256, 512), jnp.float8_e4m3fn), s((256, 4), jnp.float32),
           s((256, 512), jnp.float8_e4m3fn), s((2, 4), jnp.float32), s((256, 256), jnp.float32))
-  module = hopper if kernel == "pallas_sm90" else bw
+  module = sm90 if kernel == "pallas_sm90" else sm100
   f = lambda a, sa, b, sb, c: module.blockwise_fp8_dot(a, sa, b, sb, c, beta=1.0,
                                                        out_dtype=BF16)
   with jax.enable_x64(True):
