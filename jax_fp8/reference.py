@@ -17,11 +17,11 @@ from jax_fp8 import quantize
 BLOCK = quantize.BLOCK
 
 
-def _block_dot(a_blk, b_blk):
-  """[M, 128] x [N, 128] -> [M, N] in float32 (e4m3 products are exact in float32)."""
-  return lax.dot_general(a_blk.astype(jnp.float32), b_blk.astype(jnp.float32),
-                         (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
-                         preferred_element_type=jnp.float32)
+def _by_block(x: jax.Array, k: int) -> jax.Array:
+  """[R, K] -> [ceil(K/128), R, 128]: K blocks first (zeros past K add nothing)."""
+  kb = quantize.num_blocks(k)
+  x = quantize._pad_to_block(x, 1)
+  return x.reshape(x.shape[0], kb, BLOCK).transpose(1, 0, 2)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
@@ -33,24 +33,19 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
   *batch, m, k = a.shape
   n = b.shape[0]
   kb = quantize.num_blocks(k)
-  a = a.reshape(-1, k)
-  a_scale = a_scale.reshape(-1, kb).astype(jnp.float32)
-  # Per output column, the scale of its 128-row block of b: [N, kb].
-  b_scale_rows = jnp.repeat(b_scale.astype(jnp.float32), BLOCK, axis=0)[:n]
-  if kb == 1:
-    acc = _block_dot(a, b) * (a_scale[:, :1] * b_scale_rows[:, 0][None, :])
-  else:
-    a = quantize._pad_to_block(a, 1)  # zeros past K add nothing to the last block
-    b = quantize._pad_to_block(b, 1)
+  a_scale = a_scale.reshape(-1, kb).astype(jnp.float32).T               # [kb, M]
+  # Per output column, the scale of its 128-row block of b: [kb, N].
+  b_scale = jnp.repeat(b_scale.astype(jnp.float32), BLOCK, axis=0)[:n].T
 
-    def step(j, acc):
-      a_blk = lax.dynamic_slice_in_dim(a, j * BLOCK, BLOCK, axis=1)
-      b_blk = lax.dynamic_slice_in_dim(b, j * BLOCK, BLOCK, axis=1)
-      sa = lax.dynamic_slice_in_dim(a_scale, j, 1, axis=1)            # [M, 1]
-      sb = lax.dynamic_slice_in_dim(b_scale_rows, j, 1, axis=1)[:, 0]  # [N]
-      return acc + _block_dot(a_blk, b_blk) * (sa * sb[None, :])
+  def step(acc, block):
+    a_blk, b_blk, sa, sb = block
+    block_sum = lax.dot_general(  # e4m3 products are exact in float32
+        a_blk.astype(jnp.float32), b_blk.astype(jnp.float32), (((1,), (1,)), ((), ())),
+        precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return acc + block_sum * (sa[:, None] * sb[None, :]), None
 
-    acc = lax.fori_loop(0, kb, step, jnp.zeros((a.shape[0], n), jnp.float32))
+  blocks = (_by_block(a.reshape(-1, k), k), _by_block(b, k), a_scale, b_scale)
+  acc, _ = lax.scan(step, jnp.zeros((a_scale.shape[1], n), jnp.float32), blocks)
   if c is not None:
     acc = acc + jnp.float32(beta) * c.reshape(-1, n).astype(jnp.float32)
   return acc.astype(out_dtype).reshape(*batch, m, n)
