@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The GPU run: tests, then the matmul benchmark against its peers, then the
-# quantiser bandwidth. From the repository root on the GPU machine:
+# The GPU run: tests, benchmarks against their peers, the no-regression check.
+# From the repository root on the GPU machine, one device call (< 600 s) each:
 #
-#     bash benchmarks/gpu_suite.sh tests          # one device call
-#     bash benchmarks/gpu_suite.sh bench quant    # a second call (~3-4 min)
+#     bash benchmarks/gpu_suite.sh tests          # the GPU tests
+#     bash benchmarks/gpu_suite.sh bench quant    # dense 18 shapes, every peer; quantisers
+#     bash benchmarks/gpu_suite.sh grouped        # MoE grouped GEMMs (issue 20)
+#     bash benchmarks/gpu_suite.sh training mlp   # one layer fwd+bwd, wgrad (issue 21); MLP (22)
+#     bash benchmarks/gpu_suite.sh compare        # old vs new tree, 18 shapes, alternated
 #
-# (All parts no longer fit in one device call of 600 s: on the H100 the GPU
-# tests took 335 s serially at 12:00 on 2026-11-23 and the benchmark ~190 s.)
-# Parts are the arguments, else $SUITE_PARTS, else all three.
+# (All parts do not fit in one device call of 600 s: on the H100 the GPU tests
+# took 335 s serially at 12:00 on 2026-11-23 and the benchmark ~190 s.)
+# Parts are the arguments, else $SUITE_PARTS, else "tests bench quant".
 #
-# Writes at most 7 files to $OUT (default ./.out): suite.log, pytest.log,
-# bench.log, results.json, results.png, quant.log, quant.json; each is capped
-# at 15 MiB.
+# Writes to $OUT (default ./.out): suite.log, and per part: pytest.log; bench.log,
+# results.json, results.png; quant.log, quant.json; grouped.log, grouped.json,
+# grouped.png; training.log, training.json, training.png; mlp.log, mlp.json,
+# mlp.png; compare.log, compare.json. Each file is capped at 15 MiB.
 #
 # Knobs (environment):
 #   SUITE_PARTS="tests bench quant"   which parts run, in this order
@@ -22,16 +26,32 @@
 #                                     1, or no pytest-xdist: one process
 #   SUITE_PYTEST_ARGS=""              extra pytest arguments (e.g. "-k deepseek")
 #   SUITE_SHAPES=deepseek_v3          --shapes of the matmul benchmark
-#   SUITE_BACKENDS=all                --backends (jax_fp8 backends and every peer)
+#   SUITE_BACKENDS=all                --backends (jax_fp8 backends and every peer,
+#                                     DeepGEMM included where `import deep_gemm` works)
 #   SUITE_OUT_DTYPE=bfloat16          --out_dtype
-#   SUITE_ITERS=20                    --iters of both benchmarks
+#   SUITE_ITERS=20                    --iters of every benchmark
 #   SUITE_BENCH_ARGS=""               extra arguments of blockwise_dot.py
 #   SUITE_QUANT_SHAPES=auto           --shapes of quantize.py
-#   SUITE_TESTS_TIMEOUT=540 SUITE_BENCH_TIMEOUT=480 SUITE_QUANT_TIMEOUT=40   seconds;
-#                                     the benchmark starts no new shape after its
-#                                     timeout - 45 s (--time_budget_s) and lists what it
-#                                     did not run. The limits of the parts of one call
-#                                     must add up to less than the device's 600 s.
+#   SUITE_GROUPED_CASES=deepseek_v3   --cases of grouped.py (contiguous / masked: half)
+#   SUITE_GROUPED_ARGS=""             extra arguments of grouped.py (e.g.
+#                                     --mgpu_config=64x256x64x4x2)
+#   SUITE_TRAINING_ARGS=""            extra arguments of training.py (e.g. --kinds=wgrad)
+#   SUITE_MLP_ARGS=""                 extra arguments of mlp.py
+#   SUITE_OLD_TREE=scratch/old        compare: the old checkout (e.g. `mkdir -p
+#                                     scratch/old && git archive main | tar -x -C
+#                                     scratch/old`, carried to the device)
+#   SUITE_COMPARE_ROUNDS=2            compare: rounds of (old, new)
+#   SUITE_COMPARE_ARGS="--shapes=deepseek_v3 --backends=pallas"   compare: flags of
+#                                     both trees' blockwise_dot.py (+ --iters)
+#   SUITE_TESTS_TIMEOUT=540 SUITE_BENCH_TIMEOUT=480 SUITE_QUANT_TIMEOUT=40
+#   SUITE_GROUPED_TIMEOUT=540 SUITE_TRAINING_TIMEOUT=300 SUITE_MLP_TIMEOUT=240
+#   SUITE_COMPARE_TIMEOUT=560         seconds; a benchmark starts no new case after
+#                                     its timeout - 45 s (--time_budget_s) and lists
+#                                     what it did not run. The limits of the parts of
+#                                     one call must add up to less than the device's
+#                                     600 s.
+# DeepGEMM JIT-compiles its kernels at first use: DG_JIT_CACHE_DIR on a carried
+# path keeps them across device calls.
 set -u -o pipefail
 
 OUT="${OUT:-$PWD/.out}"
@@ -121,8 +141,41 @@ EOF
         --iters="${SUITE_ITERS:-20}" --json_out="$OUT/quant.json"
       tail -n 20 "$OUT/quant.log" | tee -a "$SUITE_LOG"
       ;;
+    grouped|training|mlp)
+      # The benchmarks on the harness: same flags, a summary table, JSON and plot.
+      upper="${part^^}"
+      timeout_var="SUITE_${upper}_TIMEOUT"
+      case "$part" in
+        grouped) default_limit=540 ;;
+        training) default_limit=300 ;;
+        *) default_limit=240 ;;
+      esac
+      limit="${!timeout_var:-$default_limit}"
+      args_var="SUITE_${upper}_ARGS"
+      cases=()
+      if [ "$part" = grouped ]; then
+        cases=(--cases="${SUITE_GROUPED_CASES:-deepseek_v3}")
+      fi
+      # shellcheck disable=SC2086
+      run_part "$part" "$limit" "$OUT/$part.log" \
+        "$PY" "benchmarks/$part.py" "${cases[@]}" \
+        --time_budget_s=$((limit > 90 ? limit - 45 : limit / 2)) --iters="${SUITE_ITERS:-20}" \
+        --json_out="$OUT/$part.json" --plot_out="$OUT/$part.png" ${!args_var:-}
+      sed -n '/^summary (/,$p' "$OUT/$part.log" | tee -a "$SUITE_LOG"
+      ;;
+    compare)
+      # The 18-shape dense benchmark of an old and this tree, alternated (issue 18).
+      limit="${SUITE_COMPARE_TIMEOUT:-560}"
+      bench_args="${SUITE_COMPARE_ARGS:---shapes=deepseek_v3 --backends=pallas}"
+      run_part compare "$limit" "$OUT/compare.log" \
+        "$PY" benchmarks/alternate.py --old_tree="${SUITE_OLD_TREE:-scratch/old}" --new_tree=. \
+        --rounds="${SUITE_COMPARE_ROUNDS:-2}" --time_budget_s=$((limit - 20)) \
+        --bench_args="$bench_args --iters=${SUITE_ITERS:-20}" --json_out="$OUT/compare.json"
+      sed -n '/^new\/old = /,$p' "$OUT/compare.log" | tee -a "$SUITE_LOG"
+      ;;
     *)
-      say "unknown part '$part' (parts: tests bench quant)"; STATUS=1 ;;
+      say "unknown part '$part' (parts: tests bench quant grouped training mlp compare)"
+      STATUS=1 ;;
   esac
 done
 

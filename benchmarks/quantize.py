@@ -8,7 +8,7 @@ is a plain copy of the same input (x * s, s a runtime scalar so that XLA cannot
 drop it: R*C elements read and written), the bandwidth a memory-bound
 elementwise kernel can reach; "of_copy" = quantiser GB/s / copy GB/s.
 
-Timing is the same as benchmarks/blockwise_dot.py: on a GPU, the kernel time
+Timing is benchmarks/harness/timing.py's, as for every benchmark: on a GPU, the kernel time
 CUPTI records (jax.experimental.mosaic.gpu.profiler.measure, all kernels of one
 call), warm, input sets rotated past the L2, median of --iters; on the CPU,
 wall-clock median with block_until_ready (CPU numbers).
@@ -20,23 +20,23 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
-import math
 import os
 import sys
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # blockwise_dot beside us
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # harness/ beside us
 
+import harness  # noqa: E402,F401  (puts the repository root on sys.path)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import blockwise_dot as bd  # noqa: E402  (also puts the repository root on sys.path)
 import jax_fp8  # noqa: E402
-from jax_fp8 import quantize as jquant  # noqa: E402
+from harness import cli  # noqa: E402
+from harness import env as envs  # noqa: E402
+from harness import timing  # noqa: E402
+from workloads import common  # noqa: E402
 
 FLAGS = flags.FLAGS
 GPU_SHAPES = "4096x7168,8192x7168,7168x16384,24576x1536"
@@ -58,15 +58,10 @@ def define_flags():
 def parse_shapes(spec, on_gpu):
   if spec == "auto":
     spec = GPU_SHAPES if on_gpu else CPU_SHAPES
-  shapes = []
-  for item in (s.strip().lower() for s in spec.split(",") if s.strip()):
-    try:
-      r, c = (int(p) for p in item.split("x"))
-    except ValueError:
-      raise app.UsageError(f"--shapes: {item!r} is not RxC with two positive integers") from None
-    if min(r, c) < 1:
-      raise app.UsageError(f"--shapes: {item!r} has a dimension < 1")
-    shapes.append((r, c))
+  shapes = [cli.parse_dims(item, 2, "shapes", "RxC with two positive integers")
+            for item in cli.split_list(spec)]
+  if not shapes:
+    raise cli.UsageError("--shapes is empty")
   return shapes
 
 
@@ -81,15 +76,15 @@ def op_fn(op, pow2):
 def op_bytes(op, r, c, in_bytes):
   if op == "copy":
     return 2 * r * c * in_bytes
-  scales = r * jquant.num_blocks(c) if op == "quantize_1x128" else \
-      jquant.num_blocks(r) * jquant.num_blocks(c)
+  scales = r * common.blocks(c) if op == "quantize_1x128" else \
+      common.blocks(r) * common.blocks(c)
   return r * c * in_bytes + r * c + 4 * scales
 
 
-def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=print):
-  dev = bd.gpu_device() if on_gpu else None
+def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, env, log=print):
+  on_gpu = env.on_gpu
   in_bytes = np.dtype(in_dtype).itemsize
-  log(f"device: {bd.device_description(dev)}")
+  log(f"device: {env.description()}")
   log("method: " + ("GPU kernel time through CUPTI (mosaic.gpu.profiler.measure)" if on_gpu
                     else "CPU wall clock (CPU numbers)")
       + f", median of {iters}, input sets rotated (>= {rotate_mb} MB, at most {max_sets}); "
@@ -99,8 +94,7 @@ def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=
   log("-" * len(head))
   results = []
   for (r, c) in shapes:
-    nsets = 1 if rotate_mb <= 0 else max(
-        2, min(max_sets, math.ceil(rotate_mb * 2**20 / (2 * r * c * in_bytes))))
+    nsets = timing.num_sets(2 * r * c * in_bytes, rotate_mb, max_sets)
     keys = jax.random.split(jax.random.key(r * 7919 + c), nsets)
     xs = [(jax.random.normal(kk, (r, c), jnp.float32) * 3).astype(in_dtype) for kk in keys]
     copy_gbs = None
@@ -111,10 +105,11 @@ def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=
              "input_sets": nsets, "bytes": op_bytes(op, r, c, in_bytes)}
       try:
         if on_gpu:
-          ms, kernels, _ = bd._time_jax_gpu(fn, args, iters, warmup, out_bytes=r * c * in_bytes)
+          ms, kernels, _ = timing.time_jax_gpu(fn, args, iters, warmup,
+                                               out_bytes=r * c * in_bytes)
           row["kernels"] = kernels
         else:
-          ms, _ = bd._time_cpu(fn, args, iters, warmup)
+          ms, _ = timing.time_cpu(fn, args, iters, warmup)
         row["ms"] = ms
         row["gbs"] = row["bytes"] / (ms * 1e-3) / 1e9
         if op == "copy":
@@ -123,32 +118,32 @@ def run(shapes, in_dtype, pow2, iters, warmup, rotate_mb, max_sets, on_gpu, log=
         of = "-" if row["of_copy"] is None else f"{row['of_copy']:.2f}"
         log(f"{f'{r}x{c}':<14}{op:<18}{ms:>10.4f}{row['gbs']:>10.1f}{of:>9}")
       except Exception as e:  # noqa: BLE001 (reported, not fatal)
-        row["error"] = bd._short(e)
+        row["error"] = timing.short_error(e)
         log(f"{f'{r}x{c}':<14}{op:<18}  unavailable: {row['error']}")
       results.append(row)
     del xs
-  return {"device": bd.device_description(dev), "platform": "gpu" if on_gpu else "cpu",
+  return {"device": env.description(), "platform": "gpu" if on_gpu else "cpu",
           "jax_version": jax.__version__, "power_of_two_scales": pow2,
           "method": ("cupti kernel time" if on_gpu else "cpu wall clock")
           + f", median of {iters}, rotating input sets", "results": results}
 
 
-def main(argv):
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  on_gpu = bd.gpu_device() is not None
-  if not on_gpu:
+def _main():
+  env = envs.detect()
+  shapes = parse_shapes(FLAGS.shapes, env.on_gpu)
+  if not env.on_gpu:
     print("no GPU found: CPU numbers")
-  out = run(parse_shapes(FLAGS.shapes, on_gpu), np.dtype(FLAGS.in_dtype),
-            FLAGS.power_of_two_scales, max(1, FLAGS.iters), max(0, FLAGS.warmup),
-            FLAGS.rotate_mb, max(1, FLAGS.max_sets), on_gpu,
-            log=lambda s: print(s, flush=True))
+  out = run(shapes, np.dtype(FLAGS.in_dtype), FLAGS.power_of_two_scales, max(1, FLAGS.iters),
+            max(0, FLAGS.warmup), FLAGS.rotate_mb, max(1, FLAGS.max_sets), env, log=cli.log)
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w") as f:
       json.dump(out, f, indent=1)
     print(f"wrote {FLAGS.json_out}")
   return 0
+
+
+def main(argv):
+  return cli.run_main(_main, argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@
 - `assert_close`: the relative Frobenius bounds of the project (and no NaN).
 - `assert_same_nonfinite_and_close`: the same where NaN/Inf are expected (edge values).
 - `poison_like`: a NaN-filled array, to prove every output tile gets written.
+- Grouped (MoE) GEMMs: `random_group_sizes`, `random_ragged_operands`,
+  `random_masked_operands`, and the float64 references `reference_ragged_f64`,
+  `reference_masked_f64`.
 - `gpu_interpret_mode` / `run_in_gpu_interpret_mode`: run Pallas GPU kernels on
   the CPU with race detection and fail on any race.
 """
@@ -227,6 +230,115 @@ def assert_same_nonfinite_and_close(out, ref: np.ndarray, out_dtype=None, *,
 def poison_like(shape, dtype) -> jax.Array:
   """An output-sized NaN array: a kernel that leaves a tile unwritten fails."""
   return jnp.full(shape, jnp.nan, dtype)
+
+
+# ---- grouped (MoE) GEMMs ----------------------------------------------------------
+
+# Group sizes that catch off-by-one tiling: empty, one row, one short of and one
+# past a 128-row tile.
+SPECIAL_GROUP_SIZES = (0, 1, 127, 129)
+
+
+@dataclasses.dataclass
+class GroupedOperands:
+  a: jax.Array        # ragged [M, K] / masked [G, M, K] float8_e4m3fn
+  a_scale: jax.Array  # a.shape[:-1] + (ceil(K/128),) float32
+  b: jax.Array        # [G, N, K] float8_e4m3fn
+  b_scale: jax.Array  # [G, ceil(N/128), ceil(K/128)] float32
+  sizes: jax.Array    # group_sizes (ragged) or masked_m (masked), [G] int32
+
+  def args(self):
+    return self.a, self.a_scale, self.b, self.b_scale, self.sizes
+
+
+def random_group_sizes(seed: int, m: int, groups: int, *, special=SPECIAL_GROUP_SIZES,
+                       fill: bool = True) -> np.ndarray:
+  """[groups] int32 sizes summing to m (fill) or to less than m (rows past the sum).
+
+  As many of `special` as fit are given to groups at random positions, keeping
+  one group back; the others share the remaining rows at random.
+  """
+  rng = np.random.default_rng(seed)
+  total = m if fill or m == 0 else int(rng.integers(0, m))
+  sizes = np.zeros(groups, np.int64)
+  slots = list(rng.permutation(groups))
+  for s in special:
+    if len(slots) > 1 and s <= total - sizes.sum():
+      sizes[slots.pop()] = s
+  if slots:
+    rest = total - sizes.sum()
+    cuts = np.sort(rng.integers(0, rest + 1, size=len(slots) - 1))
+    sizes[slots] = np.diff(np.concatenate([[0], cuts, [rest]]))
+  return sizes.astype(np.int32)
+
+
+def _random_experts(rng, groups, n, k):
+  nb, kb = quantize.num_blocks(n), quantize.num_blocks(k)
+  return (jnp.asarray(random_fp8(rng, (groups, n, k))),
+          jnp.asarray(random_scales(rng, (groups, nb, kb))))
+
+
+def random_ragged_operands(seed: int, m: int, n: int, k: int, group_sizes) -> GroupedOperands:
+  """a [M, K] and G = len(group_sizes) experts b [G, N, K], scales over several binades."""
+  rng = np.random.default_rng(seed)
+  sizes = np.asarray(group_sizes, np.int32)
+  b, b_scale = _random_experts(rng, len(sizes), n, k)
+  return GroupedOperands(
+      a=jnp.asarray(random_fp8(rng, (m, k))),
+      a_scale=jnp.asarray(random_scales(rng, (m, quantize.num_blocks(k)))),
+      b=b, b_scale=b_scale, sizes=jnp.asarray(sizes))
+
+
+def random_masked_operands(seed: int, m: int, n: int, k: int, masked_m) -> GroupedOperands:
+  """a [G, M, K] and G = len(masked_m) experts b [G, N, K], scales over several binades."""
+  rng = np.random.default_rng(seed)
+  mm = np.asarray(masked_m, np.int32)
+  g = len(mm)
+  b, b_scale = _random_experts(rng, g, n, k)
+  return GroupedOperands(
+      a=jnp.asarray(random_fp8(rng, (g, m, k))),
+      a_scale=jnp.asarray(random_scales(rng, (g, m, quantize.num_blocks(k)))),
+      b=b, b_scale=b_scale, sizes=jnp.asarray(mm))
+
+
+def _f64(x) -> np.ndarray:
+  return np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+
+
+def _expert_f64(a64, sa64, b64, sb64) -> np.ndarray:
+  """reference_f64 on float64 numpy operands: rows a64 [R, K] times b64 [N, K]^T."""
+  n, k = b64.shape
+  sa = np.repeat(sa64, quantize.BLOCK, axis=-1)[..., :k]
+  sb = np.repeat(np.repeat(sb64, quantize.BLOCK, 0), quantize.BLOCK, 1)[:n, :k]
+  return (a64 * sa) @ (b64 * sb).T
+
+
+def reference_ragged_f64(a, a_scale, b, b_scale, group_sizes) -> np.ndarray:
+  """blockwise_fp8_ragged_dot in float64: rows of group g times expert g; rows past
+  the groups 0 (negative sizes count as 0, groups are cut at M). Only the rows a
+  group owns are read, so anything (NaN) in the others cannot leak."""
+  a64, sa64, b64, sb64 = map(_f64, (a, a_scale, b, b_scale))
+  m, n = a64.shape[0], b64.shape[1]
+  out = np.zeros((m, n))
+  start = 0
+  for g, size in enumerate(np.asarray(group_sizes, np.int64)):
+    end = min(start + max(int(size), 0), m)
+    if end > start:
+      out[start:end] = _expert_f64(a64[start:end], sa64[start:end], b64[g], sb64[g])
+    start = end
+  return out
+
+
+def reference_masked_f64(a, a_scale, b, b_scale, masked_m) -> np.ndarray:
+  """blockwise_fp8_masked_dot in float64: rows < masked_m[g] (clamped to [0, M]) of
+  group g times expert g, the other rows 0 (and never read)."""
+  a64, sa64, b64, sb64 = map(_f64, (a, a_scale, b, b_scale))
+  g, m, _ = a64.shape
+  out = np.zeros((g, m, b64.shape[1]))
+  for i, rows in enumerate(np.clip(np.asarray(masked_m, np.int64), 0, m)):
+    if rows:
+      out[i, :rows] = _expert_f64(a64[i, :rows], sa64[i, :rows], b64[i], sb64[i])
+  return out
 
 
 # ---- GPU interpret mode -------------------------------------------------------

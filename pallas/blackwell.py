@@ -44,9 +44,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, problem
-from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, pad_for_tma, tiled,
-                                   unsupported_reason)
+from jax_fp8.pallas import device, problem, quant_math
+from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, gate_activation, pad_for_tma,
+                                   tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
 from jax_fp8.pallas.recipe import zero_unless
@@ -113,26 +113,29 @@ def num_sms() -> int:
   return device.num_sms(default=148)  # B200
 
 
-def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
             cfg: BlackwellConfig, prob: problem.Problem):
   """One CTA. Shapes: a [Ga, rows, K], as [Ga, kb, rows] (transposed), b [Gb, N', K],
-  bs [Gb, nb, kb] or (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None,
-  out [Go, rows, cols]."""
+  bs [Gb, nb, kb] or (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None; outs:
+  out [Go, rows, cols] (FP8 output: and its scales [Go, cols / 128, rows'])."""
+  out_gmem = outs[0] if len(outs) == 1 else outs
   tile_m, tile_n, epi_n = cfg.tile_m, cfg.tile_n, cfg.epi_tile_n
   k_blocks = prob.k_blocks
   n_pieces = tile_n // epi_n
   sched = dataclasses.replace(prob.scheduler, **meta)
   fp8 = a_gmem.dtype
+  out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   scratch = dict(
       a_smem=plgpu.SMEM((cfg.input_stages, tile_m, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((cfg.input_stages, tile_n, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
       as_smem=plgpu.SMEM((cfg.input_stages, 1, tile_m), jnp.float32),
-      out_smem=plgpu.SMEM((cfg.out_slots, tile_m, epi_n), out_gmem.dtype,
-                          transforms=tiled(out_gmem.dtype, epi_n)),
+      out_smem=plgpu.SMEM((_out_slots(cfg, prob), tile_m, epi_n), out_dtype,
+                          transforms=tiled(out_dtype, epi_n)),
       acc_tmem=plgpu.TMEM((tile_m, cfg.tmem_stages * tile_n), jnp.float32),
       # Input ring: full = 3 TMA copies (A, B, A-scales); empty = 2 releases (the
       # MMA's completion for A/B, the epilogue for the A-scales), tensor-core ordered.
-      inputs=ProducerConsumerPipeline.barriers(cfg.input_stages, full_arrivals=3,
+      inputs=ProducerConsumerPipeline.barriers(cfg.input_stages,
+                                               full_arrivals=4 if prob.glu_rows else 3,
                                                empty_arrivals=2, empty_orders_tensor_core=True),
       tmem=MmaContext.barriers(cfg.tmem_stages),
   )
@@ -182,8 +185,14 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
             kcols = pl.ds(kb * K_BLOCK, K_BLOCK)
             plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols],
                                     a_smem.at[st.index], bar)
-            plgpu.copy_gmem_to_smem(b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols],
-                                    b_smem.at[st.index], bar)
+            if prob.glu_rows:  # gate rows beside the same up rows
+              half = tile_n // 2
+              for j, row0 in enumerate((tile.n0, prob.glu_rows + tile.n0)):
+                plgpu.copy_gmem_to_smem(b_gmem.at[tp.b_group, pl.ds(row0, half), kcols],
+                                        b_smem.at[st.index, pl.ds(j * half, half)], bar)
+            else:
+              plgpu.copy_gmem_to_smem(b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols],
+                                      b_smem.at[st.index], bar)
             plgpu.copy_gmem_to_smem(as_gmem.at[tile.a_group, pl.ds(kb, 1), pl.ds(tile.m0, tile_m)],
                                     as_smem.at[st.index], bar)
         for_each_k_block(load)
@@ -248,7 +257,8 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
           s_a = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi), s_a)
         new_acc = []
         for p, acc_p in enumerate(acc):
-          b = recipe.load_b(bs_gmem, tp.b_group, tile.k0 + kb, tile.n0 + p * epi_n, epi_n,
+          b = recipe.load_b(bs_gmem, tp.b_group, tile.k0 + kb, b_row(cfg, prob, tile, p * epi_n),
+                            epi_n,
                             col_layout)
           part = plgpu.async_load_tmem(ks.tmem.at[:, pl.ds(p * epi_n, epi_n)], layout=layout)
           factor = recipe.factor(recipe.row_factor(s_a, b), b, acc_p.shape)
@@ -269,6 +279,7 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
     else:
       step, acc = lax.fori_loop(i32(0), tile.passes, pass_body, (step, acc))
 
+    vals = []
     for p, val in enumerate(acc):
       if epi_load is not None:
         with epi_load.consume(i * n_pieces + p) as st:
@@ -277,12 +288,59 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
       if prob.zero_rows:
         rows = tile.m0 + plgpu.broadcasted_iota(i32, val.shape, 0, layout=layout)
         val = zero_unless(rows < tile.row_end, val)
-      stores.store(p, val, out_gmem.at[tile.out_group, pl.ds(tile.m0, tile_m),
-                                       pl.ds(tile.n0 + p * epi_n, epi_n)])
+      vals.append(val)
+    if prob.glu_rows:  # the gate pieces, each times its up piece tile_n / 2 columns on
+      half = len(vals) // 2
+      vals = [gate_activation(prob.activation, g) * u for g, u in zip(vals[:half], vals[half:])]
+    dst = out_gmem
+    if prob.quantize_out:
+      dst, s_gmem = out_gmem
+
+      def store_scale(group, scale):
+        nb = lax.div(tile.n0, i32(SCALE_N)) + group
+        s_gmem.at[tile.out_group, nb, pl.ds(tile.m0, tile_m)][...] = scale
+      vals = quantize_pieces(vals, epi_n, prob.power_of_two, store_scale)
+    for p, val in enumerate(vals):
+      stores.store(p, val, dst.at[tile.out_group, pl.ds(tile.m0, tile_m),
+                                  pl.ds(tile.n0 + p * epi_n, epi_n)])
     return step
 
   lax.fori_loop(i32(0), local_units, tile_body, i32(0))
   OutputStores.finish()
+
+
+def b_row(cfg: BlackwellConfig, prob: problem.Problem, tile, col: int):
+  """The row of b behind column `col` of the CTA's B tile (a GLU's B tile is
+  tile_n / 2 gate rows beside the same up rows)."""
+  half = cfg.tile_n // 2
+  if not prob.glu_rows or col < half:
+    return tile.n0 + col
+  return prob.glu_rows + tile.n0 + col - half
+
+
+def _out_slots(cfg: BlackwellConfig, prob: problem.Problem) -> int:
+  """2 store buffers where the pieces a tile stores pair up (a GLU stores half)."""
+  pieces = cfg.tile_n // cfg.epi_tile_n // (2 if prob.glu_rows else 1)
+  return 2 if pieces % 2 == 0 else 1
+
+
+def quantize_pieces(vals, epi_n: int, power_of_two: bool, store_scale):
+  """FP8 output: the pieces of each 128-column group (one thread per row holds
+  a row's values) quantised with the group's row scales; store_scale(group,
+  scales) writes the scales. Returns the e4m3 pieces."""
+  per_group = SCALE_N // epi_n
+  out = []
+  for g in range(0, len(vals), per_group):
+    group = vals[g:g + per_group]
+    amaxes = [quant_math.row_amax(v) for v in group]
+    # A hardware max drops NaNs: a group's amax is NaN where any piece's is.
+    amax = functools.reduce(jnp.maximum, amaxes)
+    nan = functools.reduce(jnp.logical_or, [a != a for a in amaxes])
+    amax = jnp.where(nan, jnp.full_like(amax, jnp.nan), amax)
+    scale = quant_math.scale_from_amax(amax, power_of_two)
+    store_scale(g // per_group, scale)
+    out += [quant_math.quantize(v, lax.broadcast_in_dim(scale, v.shape, [0])) for v in group]
+  return out
 
 
 def _run(cfg: BlackwellConfig, launch: problem.Launch):
@@ -295,7 +353,7 @@ def _run(cfg: BlackwellConfig, launch: problem.Launch):
   grid = min(cfg.num_ctas or num_sms(), launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
       functools.partial(_kernel, cfg=cfg, prob=launch.problem),
-      out_type=jax.ShapeDtypeStruct(launch.out_shape, launch.out_dtype),
+      out_type=launch.out_type,
       grid=(grid,),
       grid_names=("sm",),
       num_threads=2,
@@ -308,22 +366,25 @@ def _run(cfg: BlackwellConfig, launch: problem.Launch):
 def _tiling(cfg: BlackwellConfig) -> problem.Tiling:
   cfg.check()
   # The A-scales go through the TMA ring transposed: a tile's rows are one box.
-  def pad(a, a_scale, b, c):
+  def pad(a, a_scale, b, c, out_dtype, out_n=None):
+    del out_dtype  # every output dtype's pieces are epi_tile_n columns
     return pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
-                       tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n)
+                       tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n, out_n=out_n)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: BlackwellConfig,
-                      b_scale_rows=SCALE_N):
-  """2-D blockwise FP8 matmul with the tiling `config` (sm100.py chooses one)."""
+                      b_scale_rows=SCALE_N, power_of_two_scales=False):
+  """2-D blockwise FP8 matmul with the tiling `config` (sm100.py chooses one).
+  out_dtype float8_e4m3fn: returns (q, scale), quantised 1x128 in the epilogue."""
   m, k = a.shape
   reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
                               has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
   return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
-                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows))
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows,
+                                    power_of_two_scales=power_of_two_scales))
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: BlackwellConfig):
@@ -338,3 +399,15 @@ def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: Blackwell
   exist (the rest are stored as zeros). [G, M, N]."""
   return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
                                      out_dtype=out_dtype))
+
+
+def glu(a, a_scale, b, b_scale, *, activation: str, out_dtype, config: BlackwellConfig,
+        power_of_two_scales=False):
+  """act(a @ gate.T) * (a @ up.T) with b [2F, K] = [gate; up] (b_scale [2F/128, kb]),
+  gate and up tiles side by side in one CTA; out_dtype float8_e4m3fn: (q, scale)."""
+  if config.tile_n != 256:
+    raise ValueError(f"a fused GLU needs tile_n=256 (128 gate and 128 up columns), got {config}")
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, None, beta=1.0,
+                                    out_dtype=out_dtype, b_scale_rows=SCALE_N,
+                                    power_of_two_scales=power_of_two_scales,
+                                    activation=activation))

@@ -13,6 +13,7 @@ K_BLOCK = 128          # one scale block of K = one pipeline step
 SCALE_N = 128          # columns sharing one b_scale value
 SMEM_BYTES = 227 * 1024
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
+FP8_OUT = np.dtype(jnp.float8_e4m3fn)   # quantised 1x128 in the epilogue (dense op)
 C_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
 
 
@@ -28,8 +29,9 @@ def unsupported_reason(op, m, n, k, *, out_dtype, has_c=False, b_scale_rows=SCAL
     return f"b_scale_rows must be {SCALE_N} (128x128 blocks) or 1 (per row), got {b_scale_rows}"
   if b_scale_rows != SCALE_N and op != "blockwise_fp8_dot":
     return f"{op} takes 128x128 b scales only"
-  if np.dtype(out_dtype) not in OUT_DTYPES:
-    return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
+  if np.dtype(out_dtype) not in OUT_DTYPES + ((FP8_OUT,) if op in ("blockwise_fp8_dot", "glu")
+                                              else ()):
+    return f"out_dtype must be bfloat16 or float32 (or float8_e4m3fn), got {out_dtype}"
   if min(m, n, k) < 1:
     return "empty problem"
   if m >= 2**31 or n >= 2**31 or k >= 2**31:
@@ -68,7 +70,8 @@ def _pad_last2(x, rows: int, cols: int):
 
 
 def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple: int,
-                transpose_a_scale: bool = True, a_scale_rows_multiple: int = 1):
+                transpose_a_scale: bool = True, a_scale_rows_multiple: int = 1,
+                out_n: int | None = None):
   """Zero-pads a [Ga, M, K], b [Gb, N, K], c [1, M, N] (and the A-scales
   [Ga, M, kb]) to what tiled TMA and the kernel can address.
 
@@ -77,12 +80,13 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
   of its tile or smaller than it, and a TMA box may not exceed the array.
   Zero padding is exact (padded K adds zero products) and is sliced off the
   output. The DeepSeek-V3 shapes (K, N multiples of 128) need none for a, b.
+  out_n: the output's columns where they are not b's rows (a GLU's are half).
   """
   m, k = a.shape[-2:]
   n = b.shape[-2]
   kp = round_up(k, K_BLOCK)
   rows = max(round_up(m, 8), tile_m)
-  out_cols = max(round_up(n, out_cols_multiple), tile_n)
+  out_cols = max(round_up(out_n or n, out_cols_multiple), tile_n)
   a = _pad_last2(a, rows, kp)
   b = _pad_last2(b, max(round_up(n, 8), tile_n), kp)
   if c is not None:
@@ -94,3 +98,17 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
     # Every row a tile reads must exist: plain loads have no TMA bounds check.
     a_scale = _pad_last2(a_scale, round_up(m, a_scale_rows_multiple), a_scale.shape[-1])
   return TmaOperands(a, a_scale, b, c, rows, out_cols)
+
+
+def gate_activation(name: str, x):
+  """The gate activation of a fused GLU epilogue (float32 registers)."""
+  if name == "silu":
+    return x / (1.0 + jnp.exp(-x))
+  if name == "gelu":  # the tanh approximation, as jax.nn.gelu's default
+    return 0.5 * x * (1.0 + jnp.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+  if name == "relu":
+    return jnp.maximum(x, 0.0)
+  raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+
+
+ACTIVATIONS = ("silu", "gelu", "relu")

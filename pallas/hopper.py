@@ -41,9 +41,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, problem
-from jax_fp8.pallas.common import (C_DTYPES, K_BLOCK, SCALE_N, pad_for_tma, tiled,
-                                   unsupported_reason)
+from jax_fp8.pallas import device, problem, quant_math
+from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, gate_activation,
+                                   pad_for_tma, tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline
 from jax_fp8.pallas.recipe import zero_unless
 
@@ -196,25 +196,28 @@ def num_sms() -> int:
 
 # ----------------------------------------------------------------------------- the kernel
 
-def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
+def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
             cfg: HopperConfig, prob: problem.Problem):
   """One CTA. Shapes (every operand carries a leading group axis):
   a [Ga, rows, K], as [Ga, scale_rows, kb], b [Gb, N', K], bs [Gb, nb, kb] or
-  (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None, out [Go, rows, cols]."""
+  (per-row b scales) [Gb, kb, N'], c [1, rows, cols] or None; outs: out [Go, rows, cols]
+  (FP8 output: and its scales [Go, cols / 128, rows'])."""
+  out_gmem = outs[0] if len(outs) == 1 else outs
   consumers, stages, k_step = cfg.consumers, cfg.stages, cfg.k_step
   tile_m, tile_n, step_k = cfg.tile_m, cfg.tile_n, K_BLOCK * cfg.k_step
   k_steps = pl.cdiv(prob.k_blocks, k_step)
   cluster_axes = ("cluster",) if cfg.cluster_m * cfg.cluster_n > 1 else ()
   sched = dataclasses.replace(prob.scheduler, **meta)  # its metadata refs (grouped)
+  out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   fp8 = a_gmem.dtype
   cm, cn = cfg.chunk()
   scratch = dict(
       a_smem=plgpu.SMEM((stages, tile_m, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
-      out_smem=plgpu.SMEM((consumers, cfg.out_slots(), cm, cfg.epi_tile_n), out_gmem.dtype,
-                          transforms=tiled(out_gmem.dtype, cfg.epi_tile_n)),
-      **ProducerConsumerPipeline.barriers(stages, full_arrivals=2, empty_arrivals=consumers,
-                                          cluster_axes=cluster_axes),
+      out_smem=plgpu.SMEM((consumers, _out_slots(cfg, prob), cm, cfg.epi_tile_n), out_dtype,
+                          transforms=tiled(out_dtype, cfg.epi_tile_n)),
+      **ProducerConsumerPipeline.barriers(stages, full_arrivals=3 if prob.glu_rows else 2,
+                                          empty_arrivals=consumers, cluster_axes=cluster_axes),
   )
   if c_gmem is not None:
     scratch["c_smem"] = plgpu.SMEM((consumers, 2, cm, cfg.epi_tile_n), c_gmem.dtype,
@@ -256,9 +259,15 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
               plgpu.copy_gmem_to_smem(
                   a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols], a_smem.at[st.index],
                   bar, collective_axes=cluster_axes if cfg.cluster_n > 1 else None)
-              plgpu.copy_gmem_to_smem(
-                  b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols], b_smem.at[st.index],
-                  bar, collective_axes=cluster_axes if cfg.cluster_m > 1 else None)
+              if prob.glu_rows:  # gate rows beside the same up rows
+                half = tile_n // 2
+                for i, row0 in enumerate((tile.n0, prob.glu_rows + tile.n0)):
+                  plgpu.copy_gmem_to_smem(b_gmem.at[tp.b_group, pl.ds(row0, half), kcols],
+                                          b_smem.at[st.index, pl.ds(i * half, half)], bar)
+              else:
+                plgpu.copy_gmem_to_smem(
+                    b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols], b_smem.at[st.index],
+                    bar, collective_axes=cluster_axes if cfg.cluster_m > 1 else None)
           lax.fori_loop(i32(0), i32(k_steps), load_step, None)
         for_each_pass(load_pass, i32(0))
 
@@ -294,6 +303,14 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, out_gmem, *,
       OutputStores.finish()
 
 
+def _out_slots(cfg: HopperConfig, prob: problem.Problem) -> int:
+  """Store buffers per warpgroup: 2 where the pieces a tile stores pair up (a
+  GLU stores half its chunks), else 1 (a tile's first store must not find its
+  buffer still read by the last tile's)."""
+  pieces = len(_Warpgroup(cfg, prob, None, None, None).pieces())
+  return 2 if pieces % 2 == 0 else 1
+
+
 @dataclasses.dataclass(frozen=True)
 class _Warpgroup:
   """A consumer warpgroup's part of the tile and what it does with it."""
@@ -313,6 +330,14 @@ class _Warpgroup:
     """This warpgroup's (row, column) offset inside the CTA tile."""
     wm, wn = self.cfg.wg_tile()
     return (self.wg * wm, i32(0)) if self.cfg.wg_split == "m" else (i32(0), self.wg * wn)
+
+  def b_row(self, tile, col):
+    """The row of b behind column `col` of the CTA's B tile (a GLU's B tile is
+    tile_n / 2 gate rows beside the same up rows)."""
+    if not self.prob.glu_rows:
+      return tile.n0 + col
+    half = self.cfg.tile_n // 2
+    return jnp.where(col < half, tile.n0 + col, self.prob.glu_rows + tile.n0 + col - half)
 
   def zero_accumulator(self):
     cm, cn = self.cfg.chunk()
@@ -348,7 +373,7 @@ class _Warpgroup:
       rows_scales.append(s)
     col_scales = []
     for c in sorted({c for _, c in chunks}):
-      b = recipe.load_b(self.bs_gmem, tp.b_group, kb, tile.n0 + wc + c, cn,
+      b = recipe.load_b(self.bs_gmem, tp.b_group, kb, self.b_row(tile, wc + c), cn,
                         plgpu.Layout.WGMMA.reduce(0))
       col_scales.append(zero_unless(valid, b) if self.partial_last_step else b)
     if len(chunks) == 1 and cfg.scale_product and not recipe.per_row_b:
@@ -424,9 +449,16 @@ class _Warpgroup:
 
   # -- the epilogue ----------------------------------------------------------------
   def pieces(self):
-    """The epilogue's pieces, one (64, epi_tile_n) store each: (chunk, column offset)."""
+    """The epilogue's pieces, one (64, epi_tile_n) store each: (chunk, column offset)
+    (a GLU's: the gate chunks', each with its up chunk tile_n / 2 columns on)."""
     cn, epi_n = self.cfg.chunk()[1], self.cfg.epi_tile_n
-    return [(ci, e) for ci in range(len(self.chunks)) for e in range(0, cn, epi_n)]
+    out = [ci for ci, (_, c) in enumerate(self.chunks)
+           if not self.prob.glu_rows or c < self.cfg.tile_n // 2]
+    return [(ci, e) for ci in out for e in range(0, cn, epi_n)]
+
+  def up_chunk(self, ci):
+    r, c = self.chunks[ci]
+    return self.chunks.index((r, c + self.cfg.tile_n // 2))
 
   def window(self, tile, i):
     """(rows, columns) of piece i of this warpgroup in the tile's output group."""
@@ -442,6 +474,9 @@ class _Warpgroup:
     pieces = self.pieces()
     for i, (ci, e) in enumerate(pieces):
       val = acc[ci][:, e:e + epi_n]
+      if self.prob.glu_rows:
+        up = acc[self.up_chunk(ci)][:, e:e + epi_n]
+        val = gate_activation(self.prob.activation, val) * up
       rows, cols = self.window(tile, i)
       if c_ring is not None:
         if i + 1 < len(pieces):
@@ -451,7 +486,14 @@ class _Warpgroup:
       if self.prob.zero_rows:
         row = rows.start + plgpu.broadcasted_iota(i32, val.shape, 0, layout=plgpu.Layout.WGMMA)
         val = zero_unless(row < tile.row_end, val)
-      stores.store(i, val, out_gmem.at[tile.out_group, rows, cols])
+      dst = out_gmem
+      if self.prob.quantize_out:
+        # FP8 output: a piece is a whole 128-column chunk, one 1x128 group per row.
+        dst, s_gmem = out_gmem
+        scale = quant_math.scale_from_amax(quant_math.row_amax(val), self.prob.power_of_two)
+        val = quant_math.quantize(val, lax.broadcast_in_dim(scale, val.shape, [0]))
+        s_gmem.at[tile.out_group, lax.div(cols.start, i32(SCALE_N)), rows][...] = scale
+      stores.store(i, val, dst.at[tile.out_group, rows, cols])
 
 
 # ----------------------------------------------------------------------------- launch
@@ -462,7 +504,7 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
   grid = min((cfg.num_sms or num_sms()) // cl, launch.problem.scheduler.num_units)
   kernel = plgpu.kernel(
       functools.partial(_kernel, cfg=cfg, prob=launch.problem),
-      out_type=jax.ShapeDtypeStruct(launch.out_shape, launch.out_dtype),
+      out_type=launch.out_type,
       grid=(grid,),
       grid_names=("sm",),
       cluster=(cl,),
@@ -476,28 +518,37 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
 
 def _tiling(cfg: HopperConfig) -> problem.Tiling:
   cfg.check()
-  # The A-scales are loaded from GMEM as given, rows padded to whole chunks.
-  pad = functools.partial(pad_for_tma, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                          out_cols_multiple=64, transpose_a_scale=False,
-                          a_scale_rows_multiple=CHUNK_M)
+  def pad(a, a_scale, b, c, out_dtype, out_n=None):
+    # The A-scales are loaded from GMEM as given, rows padded to whole chunks;
+    # the output's columns to whole tiles of its SMEM layout.
+    (tiling, _) = tiled(out_dtype, cfg.epi_tile_n)
+    return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                       out_cols_multiple=max(64, tiling.tiling[1]), transpose_a_scale=False,
+                       a_scale_rows_multiple=CHUNK_M, out_n=out_n)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
                         cfg.cluster_m, cfg.cluster_n)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: HopperConfig,
-                      b_scale_rows=SCALE_N):
-  """2-D blockwise FP8 matmul with the tiling `config` (sm90.py chooses one)."""
+                      b_scale_rows=SCALE_N, power_of_two_scales=False):
+  """2-D blockwise FP8 matmul with the tiling `config` (sm90.py chooses one).
+  out_dtype float8_e4m3fn: returns (q, scale), quantised 1x128 in the epilogue;
+  every piece of the epilogue must then be a whole 128-column chunk."""
   m, k = a.shape
   reason = unsupported_reason("blockwise_fp8_dot", m, b.shape[0], k, out_dtype=out_dtype,
                               has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
+  if np.dtype(out_dtype) == FP8_OUT and (config.chunk()[1], config.epi_tile_n) != (128, 128):
+    raise ValueError("FP8 output needs 128-column warpgroup chunks stored whole "
+                     f"(chunk width and epi_tile_n 128), got {config}")
   split_blocks = pl.cdiv(k, K_BLOCK) // config.split_k
   if config.split_k > 1 and split_blocks % config.k_step:
     raise ValueError(f"k_step={config.k_step} must divide each split's {split_blocks} "
                      f"K blocks (K={k}, split_k={config.split_k})")
   return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, c, beta=beta,
-                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows))
+                                    out_dtype=out_dtype, b_scale_rows=b_scale_rows,
+                                    power_of_two_scales=power_of_two_scales))
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: HopperConfig):
@@ -512,3 +563,16 @@ def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: HopperCon
   exist (the rest are stored as zeros). [G, M, N]."""
   return _run(config, problem.masked(_tiling(config), a, a_scale, b, b_scale, masked_m,
                                      out_dtype=out_dtype))
+
+
+def glu(a, a_scale, b, b_scale, *, activation: str, out_dtype, config: HopperConfig,
+        power_of_two_scales=False):
+  """act(a @ gate.T) * (a @ up.T) with b [2F, K] = [gate; up] (b_scale [2F/128, kb]),
+  gate and up tiles side by side in one CTA; out_dtype float8_e4m3fn: (q, scale)."""
+  if config.wg_split != "m" or config.tile_n != 256:
+    raise ValueError("a fused GLU needs 128 x 256 (or 192 x 256) tiles whose warpgroups "
+                     f"split M (each holds a gate chunk and its up chunk), got {config}")
+  return _run(config, problem.dense(_tiling(config), a, a_scale, b, b_scale, None, beta=1.0,
+                                    out_dtype=out_dtype, b_scale_rows=SCALE_N,
+                                    power_of_two_scales=power_of_two_scales,
+                                    activation=activation))

@@ -16,7 +16,7 @@ from jax._src import core as jax_core
 from jax.experimental import pallas as pl
 
 from jax_fp8.pallas import autotune, hopper
-from jax_fp8.pallas.common import K_BLOCK, SCALE_N, SMEM_BYTES
+from jax_fp8.pallas.common import FP8_OUT, K_BLOCK, SCALE_N, SMEM_BYTES
 from jax_fp8.pallas.hopper import CHUNK_M, HopperConfig, kernel_dtypes
 
 
@@ -322,10 +322,43 @@ def tune(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16, c_dtype=None, iters:
   return autotune.tune(_tune_key(m, n, k, out_dtype, c_dtype), candidates, time_config)
 
 
+def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
+                      b_scale_rows: int = SCALE_N) -> HopperConfig:
+  """The bf16 default made fit for an FP8 output quantised in the epilogue:
+  warpgroup chunks of whole 128-column groups, each stored as one piece, and
+  no K split (its partials would leave the epilogue)."""
+  cfg = default_config(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
+  if cfg.split_k > 1 or cfg.chunk()[1] != SCALE_N:
+    # The decode tile of 128-column warpgroups: 64 x 256 (two side by side),
+    # or 128 x 128 (one above the other) where M fills 128 rows.
+    shape = (64, 256, "n") if m <= 64 else (128, 128, "m")
+    cfg = HopperConfig(tile_m=shape[0], tile_n=shape[1], wg_split=shape[2],
+                       grid_minor=cfg.grid_minor, scale_product=cfg.scale_product)
+    if pl.cdiv(k, K_BLOCK) >= _K_STEP_MIN_BLOCKS and m <= 128:
+      cfg = dataclasses.replace(cfg, k_step=2)
+  cfg = _with_registers(dataclasses.replace(cfg, epi_tile_n=SCALE_N))
+  return _fit_stages(cfg, FP8_OUT, c_dtype,
+                     max_stages=max(2, _ring_stages(cfg.tile_m, cfg.tile_n) // cfg.k_step))
+
+
+def glu_config(m: int, f: int, k: int, *, out_dtype) -> HopperConfig:
+  """A fused GLU's tiling: 128 x 256 tiles of 128 gate and 128 up columns, the
+  two warpgroups one above the other (each holds a gate chunk and its up chunk:
+  a third warpgroup would leave none of them registers for two)."""
+  del f, k
+  cfg = HopperConfig(tile_m=128, tile_n=256, wg_split="m",
+                     grid_minor="n" if m >= 1024 else "m", scale_product=m > _SEPARATE_SCALES_MAX_M,
+                     epi_tile_n=SCALE_N if np.dtype(out_dtype) == FP8_OUT else 64)
+  cfg = _with_registers(cfg)
+  return _fit_stages(cfg, out_dtype, None, max_stages=_ring_stages(cfg.tile_m, cfg.tile_n))
+
+
 def config_for(m, n, k, *, out_dtype, c_dtype=None, b_scale_rows: int = SCALE_N
                ) -> HopperConfig:
   """The autotuned config if this shape was tuned on this device (tuning it now
   under JAX_FP8_AUTOTUNE=1), else the heuristic's."""
+  if np.dtype(out_dtype) == FP8_OUT:
+    return fp8_output_config(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
   if b_scale_rows != SCALE_N:  # autotuning covers the 128x128 recipe
     return default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype,
                           b_scale_rows=b_scale_rows)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
@@ -31,6 +32,10 @@ class Problem:
   beta: float = 1.0
   mask_rows: bool = False   # a K pass changes only its rows (ragged groups)
   zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
+  quantize_out: bool = False  # FP8 output: e4m3 values and one scale per row per 128 columns
+  power_of_two: bool = False  # ... with power-of-two scales
+  glu_rows: int = 0         # a fused GLU: b's up rows start here (its gate rows at 0)
+  activation: str = ""      # ... and the gate's activation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +43,8 @@ class Tiling:
   """What setting up a launch needs of a kernel's config."""
   tile_m: int
   tile_n: int
-  pad: Callable          # (a, a_scale, b, c) with group axes -> common.TmaOperands
+  pad: Callable          # (a, a_scale, b, c, out_dtype, out_n=None) with group axes
+                         # -> common.TmaOperands
   grid_minor: str = "n"
   group: int = 8
   split_k: int = 1
@@ -50,9 +56,13 @@ class Tiling:
 class Launch:
   problem: Problem
   args: tuple            # (a, a_scale, b, b_scale, c, meta) as the kernel takes them
-  out_shape: tuple       # (groups, rows, cols)
-  out_dtype: Any
+  out_type: Any          # the kernel's output(s): [groups, rows, cols] (FP8 output: and
+                         # its scales, transposed [groups, column blocks, rows'])
   finish: Callable       # kernel output -> the operation's result
+
+  @property
+  def out_dtype(self):
+    return jax.tree.leaves(self.out_type)[0].dtype
 
 
 def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
@@ -65,12 +75,25 @@ def _b_scale_for(recipe: ScaleRecipe, b_scale, n_cols: int):
 
 
 def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
-          b_scale_rows: int) -> Launch:
+          b_scale_rows: int, power_of_two_scales: bool = False, activation: str = "") -> Launch:
   """One GEMM, a [M, K] x b [N, K]; with t.split_k > 1, K ranges written as
-  float32 partials and summed (with beta * c) by one fused XLA reduction."""
+  float32 partials and summed (with beta * c) by one fused XLA reduction. With
+  out_dtype float8_e4m3fn the result is (q [M, N], scale [M, ceil(N/128)]),
+  quantised 1x128 in the epilogue."""
   m, k = a.shape
-  n = b.shape[0]
+  # A fused GLU: b holds the gate rows [0, F) and the up rows [F, 2F); a tile's
+  # B tile is tile_n / 2 gate rows beside the same up rows, its output tile_n / 2.
+  glu_rows = b.shape[0] // 2 if activation else 0
+  n = glu_rows or b.shape[0]
+  tile_n = t.tile_n // 2 if activation else t.tile_n
   out_dtype = np.dtype(out_dtype)
+  quantize_out = out_dtype == np.dtype(jnp.float8_e4m3fn)
+  if quantize_out and (t.split_k > 1 or tile_n % 128):
+    raise ValueError(f"FP8 output needs whole 128-column groups in a tile and no K split, got "
+                     f"tile_n={t.tile_n}, split_k={t.split_k}")
+  if activation and (b.shape[0] % 256 or t.split_k > 1 or c is not None):
+    raise ValueError(f"a fused GLU needs b of 2F rows with F a multiple of 128, no K split "
+                     f"and no c, got b of {b.shape[0]} rows, split_k={t.split_k}")
   k_blocks = pl.cdiv(k, K_BLOCK)
   if k_blocks % t.split_k:
     raise ValueError(f"split_k={t.split_k} must divide the {k_blocks} K blocks of K={k}")
@@ -78,16 +101,20 @@ def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
     c = c.astype(jnp.float32)
   recipe = recipe_for(b_scale_rows)
   split = t.split_k > 1
-  ops = t.pad(a[None], a_scale[None], b[None], None if c is None or split else c[None])
+  ops = t.pad(a[None], a_scale[None], b[None], None if c is None or split else c[None],
+              out_dtype, out_n=n)
   # A split's partial output has whole tiles of rows: the TMA stores of its
   # last row tile must not land in the next split's rows.
   rows = pl.cdiv(m, t.tile_m) * t.tile_m if split else ops.rows
   sched = sched_lib.DenseScheduler(
-      m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n, grid_minor=t.grid_minor, group=t.group,
+      m=m, n=n, tile_m=t.tile_m, tile_n=tile_n, grid_minor=t.grid_minor, group=t.group,
       k_blocks=k_blocks // t.split_k, split_k=t.split_k, cluster_m=t.cluster_m,
       cluster_n=t.cluster_n)
 
   def finish(out):
+    if quantize_out:
+      q, s = out
+      return q[0, :m, :n], jnp.swapaxes(s[0], 0, 1)[:m, :pl.cdiv(n, 128)]
     if not split:
       return out[0, :m, :n]
     # One fused XLA reduction, in a fixed order (deterministic).
@@ -96,11 +123,17 @@ def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
       out = out + beta * c.astype(jnp.float32)
     return out.astype(out_dtype)
 
-  return Launch(Problem(sched, recipe, k_blocks // t.split_k, float(beta)),
+  out_type = jax.ShapeDtypeStruct((t.split_k, rows, ops.out_cols),
+                                  np.dtype(jnp.float32) if split else out_dtype)
+  if quantize_out:  # the scales transposed: a chunk's row scales are contiguous
+    out_type = (out_type, jax.ShapeDtypeStruct(
+        (1, round_up(n, tile_n) // 128, round_up(m, t.tile_m)), jnp.float32))
+  return Launch(Problem(sched, recipe, k_blocks // t.split_k, float(beta),
+                        quantize_out=quantize_out, power_of_two=power_of_two_scales,
+                        glu_rows=glu_rows, activation=activation),
                 (ops.a, ops.a_scale, ops.b,
-                 _b_scale_for(recipe, b_scale[None], round_up(n, t.tile_n)), ops.c, {}),
-                (t.split_k, rows, ops.out_cols),
-                np.dtype(jnp.float32) if split else out_dtype, finish)
+                 _b_scale_for(recipe, b_scale[None], round_up(b.shape[0], t.tile_n)), ops.c, {}),
+                out_type, finish)
 
 
 def _check_grouped(t: Tiling):
@@ -115,14 +148,15 @@ def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Laun
   _check_grouped(t)
   m, k = a.shape
   g, n, _ = b.shape
-  ops = t.pad(a[None], a_scale[None], b, None)
+  ops = t.pad(a[None], a_scale[None], b, None, out_dtype)
   starts, pass_group, tile_passes = sched_lib.ragged_tables(group_sizes, m, t.tile_m)
   sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
                                     grid_minor=t.grid_minor, group=t.group, num_groups=g)
   meta = dict(group_start=starts, pass_group=pass_group, tile_passes=tile_passes)
   return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), mask_rows=True, zero_rows=True),
                 (ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None, meta),
-                (1, ops.rows, ops.out_cols), np.dtype(out_dtype), lambda out: out[0, :m, :n])
+                jax.ShapeDtypeStruct((1, ops.rows, ops.out_cols), out_dtype),
+                lambda out: out[0, :m, :n])
 
 
 def masked(t: Tiling, a, a_scale, b, b_scale, masked_m, *, out_dtype) -> Launch:
@@ -131,11 +165,12 @@ def masked(t: Tiling, a, a_scale, b, b_scale, masked_m, *, out_dtype) -> Launch:
   _check_grouped(t)
   g, m, k = a.shape
   n = b.shape[1]
-  ops = t.pad(a, a_scale, b, None)
+  ops = t.pad(a, a_scale, b, None, out_dtype)
   sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
                                     grid_minor=t.grid_minor, group=t.group, groups=g)
   rows = jnp.clip(masked_m.astype(jnp.int32), 0, m)
   return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True),
                 (ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,
                  dict(masked_m=rows)),
-                (g, ops.rows, ops.out_cols), np.dtype(out_dtype), lambda out: out[:, :m, :n])
+                jax.ShapeDtypeStruct((g, ops.rows, ops.out_cols), out_dtype),
+                lambda out: out[:, :m, :n])

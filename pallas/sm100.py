@@ -11,7 +11,7 @@ from jax_fp8.pallas import blackwell
 from jax_fp8.pallas.blackwell import BlackwellConfig
 from jax_fp8.pallas.common import C_DTYPES, SCALE_N, SMEM_BYTES, unsupported_reason
 
-__all__ = ["blockwise_fp8_dot", "default_config", "masked_dot", "ragged_dot",
+__all__ = ["blockwise_fp8_dot", "default_config", "glu", "masked_dot", "ragged_dot",
            "unsupported_reason"]
 
 
@@ -23,6 +23,11 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   its pieces are half as wide (compiled for sm_100a: no spills either way)."""
   del m, n, k
   cfg = BlackwellConfig(epi_tile_n=32 if np.dtype(out_dtype) == np.dtype(jnp.float32) else 64)
+  return _fit(cfg, out_dtype, c_dtype)
+
+
+def _fit(cfg: BlackwellConfig, out_dtype, c_dtype) -> BlackwellConfig:
+  """cfg with as many input stages as fit in SMEM (2 to 6)."""
   stages = 6
   while stages > 2 and dataclasses.replace(cfg, input_stages=stages).smem_bytes(
       out_dtype, c_dtype) > SMEM_BYTES:
@@ -37,12 +42,13 @@ def _c_dtype(c):
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=SCALE_N,
-                      config: BlackwellConfig | None = None):
+                      power_of_two_scales=False, config: BlackwellConfig | None = None):
   """2-D blockwise FP8 matmul on a Blackwell GPU (or in GPU interpret mode)."""
   cfg = config or default_config(a.shape[0], b.shape[0], a.shape[1], out_dtype=out_dtype,
                                  c_dtype=_c_dtype(c))
   return blackwell.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
-                                     b_scale_rows=b_scale_rows, config=cfg)
+                                     b_scale_rows=b_scale_rows,
+                                  power_of_two_scales=power_of_two_scales, config=cfg)
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
@@ -59,3 +65,13 @@ def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
   cfg = config or default_config(a.shape[1], b.shape[1], a.shape[2], out_dtype=out_dtype)
   return blackwell.masked_dot(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype,
                               config=cfg)
+
+
+def glu(a, a_scale, b, b_scale, *, activation: str, out_dtype, power_of_two_scales=False,
+        config: BlackwellConfig | None = None):
+  """A fused GLU, act(a @ gate.T) * (a @ up.T), b [2F, K] = [gate; up] (see blackwell.glu)."""
+  cfg = config or dataclasses.replace(
+      default_config(a.shape[0], b.shape[0], a.shape[1], out_dtype=out_dtype), tile_n=256)
+  cfg = _fit(cfg, out_dtype, None)
+  return blackwell.glu(a, a_scale, b, b_scale, activation=activation, out_dtype=out_dtype,
+                       power_of_two_scales=power_of_two_scales, config=cfg)

@@ -7,11 +7,11 @@ import numpy as np
 from jax_fp8.pallas import hopper, hopper_tiling
 from jax_fp8.pallas.common import SCALE_N, unsupported_reason
 
-__all__ = ["blockwise_fp8_dot", "masked_dot", "ragged_dot", "unsupported_reason"]
+__all__ = ["blockwise_fp8_dot", "glu", "masked_dot", "ragged_dot", "unsupported_reason"]
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=SCALE_N,
-                      config: hopper.HopperConfig | None = None):
+                      power_of_two_scales=False, config: hopper.HopperConfig | None = None):
   """2-D blockwise FP8 matmul on a Hopper GPU (or in GPU interpret mode)."""
   m, k = a.shape
   c_dtype = None if c is None else np.dtype(c.dtype)
@@ -20,7 +20,8 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_row
   cfg = config or hopper_tiling.config_for(m, b.shape[0], k, out_dtype=out_dtype,
                                            c_dtype=c_dtype, b_scale_rows=b_scale_rows)
   return hopper.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
-                                  b_scale_rows=b_scale_rows, config=cfg)
+                                  b_scale_rows=b_scale_rows,
+                                  power_of_two_scales=power_of_two_scales, config=cfg)
 
 
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
@@ -39,3 +40,12 @@ def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
   cfg = config or hopper_tiling.default_config(m, b.shape[1], k, out_dtype=out_dtype,
                                                groups=g, grouped=True)
   return hopper.masked_dot(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype, config=cfg)
+
+
+def glu(a, a_scale, b, b_scale, *, activation: str, out_dtype, power_of_two_scales=False,
+        config: hopper.HopperConfig | None = None):
+  """A fused GLU, act(a @ gate.T) * (a @ up.T), b [2F, K] = [gate; up] (see hopper.glu)."""
+  cfg = config or hopper_tiling.glu_config(a.shape[0], b.shape[0] // 2, a.shape[1],
+                                           out_dtype=out_dtype)
+  return hopper.glu(a, a_scale, b, b_scale, activation=activation, out_dtype=out_dtype,
+                    power_of_two_scales=power_of_two_scales, config=cfg)

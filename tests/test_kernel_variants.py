@@ -146,6 +146,92 @@ def test_masked(arch, cfg, m, masked_m, out_dtype):
                        tol=testing.TOLERANCE[out_dtype])
 
 
+def _quantize_1x128_model(x, power_of_two):
+  """numpy model of the 1x128 quantisation (README): scale = amax * f32(1/448),
+  or the smallest power of two p with amax <= 448 p; 1 for all-zero groups;
+  NaN/Inf show in the scale."""
+  x = np.asarray(x, np.float32)
+  m, n = x.shape
+  nb = -(-n // 128)
+  groups = np.pad(x, ((0, 0), (0, nb * 128 - n))).reshape(m, nb, 128)
+  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    amax = np.max(np.abs(groups), axis=-1)
+    if power_of_two:
+      scale = np.exp2(np.ceil(np.log2(amax.astype(np.float64) / 448))).astype(np.float32)
+    else:
+      scale = (amax * np.float32(1 / 448)).astype(np.float32)
+    scale = np.where(scale == 0, np.float32(1), scale)
+    q = np.clip(groups / scale[..., None], -448, 448)
+  q = np.asarray(jnp.asarray(q.reshape(m, -1)[:, :n]).astype(FP8).astype(jnp.float32))
+  return q, scale
+
+
+@pytest.mark.parametrize("arch,cfg", [
+    ("sm90", hopper.HopperConfig(tile_m=64, tile_n=256, wg_split="n", stages=2, num_sms=2,
+                                 epi_tile_n=128)),
+    ("sm90", hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, num_sms=2,
+                                 epi_tile_n=128, k_step=2)),
+    ("sm100", B_WIDE),                                             # 4 pieces, 2 groups
+])
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_fp8_output(arch, cfg, power_of_two):
+  """The epilogue quantises acc + beta * c 1x128 (e4m3 values, f32 scales),
+  exactly as quantising the same kernel's float32 output; a NaN in c shows in
+  its group's scale."""
+  ops = testing.random_operands(9, 100, 300, 300, with_c=True)
+  ops.c = ops.c.at[5, 130].set(jnp.nan)   # row 5, the second 128-column group
+  kernel = KERNELS[arch]
+  fp8 = lambda *x: kernel.blockwise_fp8_dot(*x, beta=0.5, out_dtype=FP8, config=cfg,
+                                            power_of_two_scales=power_of_two)
+  f32 = lambda *x: kernel.blockwise_fp8_dot(*x, beta=0.5, out_dtype=F32, config=cfg)
+  q, s = _interpret(fp8, *ops.args())
+  want_q, want_s = _quantize_1x128_model(_interpret(f32, *ops.args()), power_of_two)
+  assert q.dtype == FP8 and q.shape == (100, 300) and s.shape == (100, 3)
+  assert np.isnan(np.asarray(s)[5, 1]) and np.all(np.isfinite(np.delete(np.asarray(s), 5 * 3 + 1)))
+  np.testing.assert_array_equal(np.asarray(s), want_s)
+  np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q)
+  if power_of_two:
+    finite = np.asarray(s)[np.isfinite(np.asarray(s))]
+    assert np.all(np.frexp(finite)[0] == 0.5), "scales must be exact powers of two"
+
+
+def _gate_activation(name, x):
+  return {"silu": lambda v: v / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0),
+          "gelu": lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))
+          }[name](x)
+
+
+@pytest.mark.parametrize("arch,activation,out_dtype", [
+    ("sm90", "silu", F32), ("sm90", "gelu", BF16), ("sm90", "relu", np.dtype(FP8)),
+    ("sm100", "silu", F32), ("sm100", "relu", np.dtype(FP8)),
+])
+def test_fused_glu(arch, activation, out_dtype):
+  """act(a @ gate.T) * (a @ up.T) with b = [gate; up], both tiles in one CTA."""
+  m, f, k = 150, 384, 300
+  ops = testing.random_operands(3, m, 2 * f, k)
+  fp8 = out_dtype == np.dtype(FP8)
+  if arch == "sm90":
+    cfg = hopper.HopperConfig(tile_m=128, tile_n=256, wg_split="m", stages=2, num_sms=2,
+                              epi_tile_n=128 if fp8 else 64)
+  else:
+    cfg = blackwell.BlackwellConfig(tile_n=256, input_stages=2, num_ctas=2)
+  fn = lambda *x: KERNELS[arch].glu(*x, activation=activation, out_dtype=out_dtype, config=cfg)
+  out = _interpret(fn, *ops.args()[:4])
+  full = testing.reference_f64(*ops.args()[:4])
+  want = _gate_activation(activation, full[:, :f]) * full[:, f:]
+  if fp8:
+    q, s = out
+    want_q, want_s = _quantize_1x128_model(_interpret(
+        lambda *x: KERNELS[arch].glu(*x, activation=activation, out_dtype=F32, config=cfg),
+        *ops.args()[:4]), power_of_two=False)
+    np.testing.assert_array_equal(np.asarray(s), want_s)
+    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q)
+    out = np.asarray(q.astype(jnp.float32)) * np.repeat(np.asarray(s), 128, 1)[:, :f]
+    assert testing.rel_error(out, want) < 0.05   # e4m3's rounding
+  else:
+    testing.assert_close(out, want, out_dtype)
+
+
 def test_grouped_configs_take_no_splits_or_clusters():
   args, _, _ = _ragged_operands(0, 64, 64, 128, [64])
   for bad in (dict(split_k=2), dict(cluster_m=2)):
@@ -164,7 +250,7 @@ def test_variants_lower_for_cuda(arch):
   s = jax.ShapeDtypeStruct
   k, n, g = 1600, 2112, 4   # 13 K blocks: a two-block step's second block past K
   mod = {"sm90": sm90, "sm100": blackwell}[arch]
-  cfg = None if arch == "sm90" else B_SMALL
+  cfg = None if arch == "sm90" else B_WIDE
   per_row = (s((100, k), FP8), s((100, 13), jnp.float32), s((n, k), FP8), s((n, 13), jnp.float32))
   _lower(lambda a, sa, b, sb: mod.blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0,
                                                     out_dtype=BF16, b_scale_rows=1, config=cfg),
@@ -175,6 +261,17 @@ def test_variants_lower_for_cuda(arch):
   masked = (s((g, 100, k), FP8), s((g, 100, 13), jnp.float32), s((g, n, k), FP8),
             s((g, 17, 13), jnp.float32), s((g,), jnp.int32))
   _lower(lambda *xs: mod.masked_dot(*xs, out_dtype=BF16, config=cfg), *masked)
+  dense = (s((4096, k), FP8), s((4096, 13), jnp.float32), s((n, k), FP8), s((17, 13), jnp.float32))
+  for power_of_two in (False, True):
+    _lower(lambda a, sa, b, sb: mod.blockwise_fp8_dot(
+        a, sa, b, sb, None, beta=1.0, out_dtype=FP8, power_of_two_scales=power_of_two,
+        config=cfg), *dense)
+  glu_cfg = None if arch == "sm90" else blackwell.BlackwellConfig(tile_n=256)
+  glu_mod = sm90 if arch == "sm90" else blackwell
+  gate_up = (dense[0], dense[1], s((4096, k), FP8), s((32, 13), jnp.float32))
+  for out_dtype in (BF16, np.dtype(FP8)):
+    _lower(lambda a, sa, b, sb: glu_mod.glu(a, sa, b, sb, activation="silu", out_dtype=out_dtype,
+                                            config=glu_cfg), *gate_up)
 
 
 # ---------------------------------------------------------------------------- GPU

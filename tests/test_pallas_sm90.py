@@ -273,7 +273,7 @@ def test_default_config_heuristic():
       for c_dtype in (None, jnp.float32):
         cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
         cfg.check()
-        assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper.SMEM_BYTES
+        assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper_tiling.SMEM_BYTES
 
 
 def test_cost_model_chain_rule():

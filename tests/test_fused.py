@@ -1,0 +1,94 @@
+"""jax_fp8.blockwise_fp8_glu: the fused gated-MLP input (reference on the CPU,
+both Pallas kernels in GPU interpret mode), validation, jit and vmap."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import requires_gpu
+
+import jax_fp8
+from jax_fp8 import testing
+
+FP8 = jnp.float8_e4m3fn
+ACT = {"silu": lambda v: v / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0),
+       "gelu": lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))}
+
+
+def _operands(seed, m, f, k, batch=()):
+  ops = testing.random_operands(seed, m, 2 * f, k, batch=batch)
+  full = testing.reference_f64(ops.a, ops.a_scale, ops.b, ops.b_scale)
+  return ops, full[..., :f], full[..., f:]
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", "relu"])
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_reference_matches_float64(activation, out_dtype):
+  ops, gate, up = _operands(1, 40, 256, 300, batch=(2,))
+  out = jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(*x, activation=activation,
+                                                     out_dtype=out_dtype))(
+      ops.a, ops.a_scale, ops.b, ops.b_scale)
+  assert out.shape == (2, 40, 256)
+  testing.assert_close(out, ACT[activation](gate) * up, out_dtype)
+
+
+@pytest.mark.parametrize("backend", ["pallas_sm90", "pallas_sm100"])
+def test_kernels_in_interpret_mode(backend):
+  ops, gate, up = _operands(2, 70, 256, 300)
+  with testing.gpu_interpret_mode(uninitialized_memory="nan"):
+    out = jax.block_until_ready(jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(
+        *x, out_dtype=jnp.float32, backend=backend))(ops.a, ops.a_scale, ops.b, ops.b_scale))
+  testing.assert_close(out, ACT["silu"](gate) * up, jnp.float32)
+
+
+def test_fp8_output_is_the_quantised_result():
+  ops, gate, up = _operands(3, 33, 384, 256)
+  q, s = jax_fp8.blockwise_fp8_glu(ops.a, ops.a_scale, ops.b, ops.b_scale, out_dtype=FP8)
+  assert q.dtype == FP8 and q.shape == (33, 384) and s.shape == (33, 3)
+  deq = jax_fp8.dequantize_1x128(q, s)
+  assert testing.rel_error(deq, ACT["silu"](gate) * up) < 0.05  # e4m3's rounding
+
+
+def test_vmap_over_activations():
+  ops, gate, up = _operands(4, 24, 128, 256, batch=(3,))
+  out = jax.vmap(lambda a, sa: jax_fp8.blockwise_fp8_glu(a, sa, ops.b, ops.b_scale,
+                                                          out_dtype=jnp.float32))(
+      ops.a, ops.a_scale)
+  testing.assert_close(out, ACT["silu"](gate) * up, jnp.float32)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(b=jnp.zeros((257, 256), FP8)), ValueError, "2F rows"),
+    (dict(b=jnp.zeros((320, 256), FP8), b_scale=jnp.ones((3, 2), jnp.float32)), ValueError,
+     "multiple of 128"),
+    (dict(activation="tanh"), ValueError, "activation"),
+    (dict(out_dtype=jnp.float16), TypeError, "out_dtype"),
+    (dict(b_scale=jnp.ones((3, 2), jnp.float32)), ValueError, "b_scale"),
+    (dict(backend="cuda"), ValueError, "backend"),
+])
+def test_validation_names_the_argument(change, error, match):
+  ops, _, _ = _operands(5, 8, 128, 256)
+  args = dict(a=ops.a, a_scale=ops.a_scale, b=ops.b, b_scale=ops.b_scale)
+  kw = {k: v for k, v in change.items() if k not in args}
+  args.update({k: v for k, v in change.items() if k in args})
+  with pytest.raises(error, match=match):
+    jax_fp8.blockwise_fp8_glu(*args.values(), **kw)
+
+
+def test_explicit_kernel_on_the_cpu_is_unavailable():
+  ops, _, _ = _operands(6, 8, 128, 256)
+  with pytest.raises(jax_fp8.BackendUnavailableError, match="interpret"):
+    jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(*x, backend="pallas_sm90"))(
+        ops.a, ops.a_scale, ops.b, ops.b_scale)
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m", [128, 4096])
+def test_gpu_deepseek_v3_mlp_input(m):
+  """7168 -> 2 x 18432 (gate, up), SiLU, bf16 and FP8 output."""
+  ops, gate, up = _operands(7, m, 18432, 7168)
+  out = jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(*x, out_dtype=jnp.bfloat16))(
+      ops.a, ops.a_scale, ops.b, ops.b_scale)
+  testing.assert_close(out, ACT["silu"](gate) * up, jnp.bfloat16)
+  q, s = jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(*x, out_dtype=FP8))(
+      ops.a, ops.a_scale, ops.b, ops.b_scale)
+  assert testing.rel_error(jax_fp8.dequantize_1x128(q, s), ACT["silu"](gate) * up) < 0.05
