@@ -115,39 +115,45 @@ def _as_array(x, name: str) -> jax.Array:
 
 # ----------------------------------------------------- sharded inputs (Explicit axes)
 
-def _blocked_spec(x, blocked_dims, shape):
-  """(input spec, scale spec) when x is sharded over Explicit mesh axes, else None.
-
-  The scale keeps a sharded dimension's axes where its blocks divide evenly
-  over them, and is replicated along it otherwise (a shard of 2816 rows over 4
-  devices holds 5.5 blocks).
-  """
-  sharding = jax.typeof(x).sharding
+def _explicit_axes(x) -> list[tuple[str, ...]] | None:
+  """The mesh axes of each dimension of x if any is an Explicit one, else None."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
   mesh = getattr(sharding, "mesh", None)
   if mesh is None or mesh.empty or not mesh.explicit_axes:
     return None
   spec = list(sharding.spec) + [None] * (x.ndim - len(sharding.spec))
-  explicit = set(mesh.explicit_axes)
   axes = [tuple(e) if isinstance(e, (tuple, list)) else (() if e is None else (e,))
           for e in spec]
-  if not any(ax in explicit for entry in axes for ax in entry):
-    return None
-  sizes = dict(mesh.shape)
-  scale_spec = []
-  for d, entry in enumerate(axes):
-    if d in blocked_dims and entry and shape[d] % math.prod(sizes[a] for a in entry):
-      entry = ()
-    scale_spec.append(None if not entry else (entry[0] if len(entry) == 1 else entry))
-  return jax.sharding.PartitionSpec(*spec), jax.sharding.PartitionSpec(*scale_spec)
+  explicit = set(mesh.explicit_axes)
+  return axes if any(ax in explicit for entry in axes for ax in entry) else None
+
+
+def _spec(axes) -> jax.sharding.PartitionSpec:
+  return jax.sharding.PartitionSpec(
+      *(None if not e else (e[0] if len(e) == 1 else e) for e in axes))
 
 
 def _on_explicit_mesh(fn, x, blocked_dims, scale_shape):
-  """fn(x) -> (q, scale); under Explicit mesh axes, computed with those axes
-  made Auto (the group reshapes cut shards apart), q sharded like x."""
-  specs = _blocked_spec(x, blocked_dims, scale_shape)
-  if specs is None:
+  """fn(x) -> (q, scale). Under Explicit mesh axes, computed with those axes
+  made Auto (the group reshapes cut shards apart): q sharded like x, the scale
+  keeping a dimension's axes where its blocks divide evenly over them (a shard
+  of 2816 rows over 4 devices holds 5.5 blocks: replicated)."""
+  axes = _explicit_axes(x)
+  if axes is None:
     return fn(x)
-  return jax.sharding.auto_axes(fn, out_sharding=specs)(x)
+  sizes = dict(jax.typeof(x).sharding.mesh.shape)
+  scale_axes = [() if d in blocked_dims and scale_shape[d] % math.prod(sizes[a] for a in e)
+                else e for d, e in enumerate(axes)]
+  return jax.sharding.auto_axes(fn, out_sharding=(_spec(axes), _spec(scale_axes)))(x)
+
+
+def _dequantize_on_explicit_mesh(fn, q, scale):
+  """fn(q, scale) -> out, sharded like q under Explicit mesh axes (the scale's
+  repeat cannot follow a sharded block dimension)."""
+  if _explicit_axes(q) is None and _explicit_axes(scale) is None:
+    return fn(q, scale)
+  axes = _explicit_axes(q) or [()] * q.ndim
+  return jax.sharding.auto_axes(fn, out_sharding=_spec(axes))(q, scale)
 
 
 # ----------------------------------------------------------------- quantisers
@@ -222,7 +228,9 @@ def dequantize_1x128(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax.A
     raise ValueError(
         f"scale must have shape q.shape[:-1] + (ceil(K/128),) = "
         f"{(*q.shape[:-1], num_blocks(k))}, got {scale.shape}")
-  return (q.astype(jnp.float32) * expand_1x128_scale(scale.astype(jnp.float32), k)).astype(dtype)
+  return _dequantize_on_explicit_mesh(lambda q, scale: (
+      q.astype(jnp.float32) * expand_1x128_scale(scale.astype(jnp.float32), k)).astype(dtype),
+      q, scale)
 
 
 def dequantize_128x128(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax.Array:
@@ -235,5 +243,6 @@ def dequantize_128x128(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax
     raise ValueError(
         f"scale must have shape (ceil(N/128), ceil(K/128)) = "
         f"{(num_blocks(n), num_blocks(k))}, got {scale.shape}")
-  scale = expand_128x128_scale(scale.astype(jnp.float32), n, k)
-  return (q.astype(jnp.float32) * scale).astype(dtype)
+  return _dequantize_on_explicit_mesh(lambda q, scale: (
+      q.astype(jnp.float32) * expand_128x128_scale(scale.astype(jnp.float32), n, k)
+  ).astype(dtype), q, scale)

@@ -120,16 +120,20 @@ def test_one_axis_wanted_twice_replicates_with_a_warning():
 @pytest.mark.parametrize("spec", [P("y"), P(None, "y"), P("x", "y"), P(("x", "y"))],
                          ids=["N", "K", "NK", "N_over_8"])
 def test_quantizers_on_sharded_weights(spec, axis_type):
-  """quantize_128x128 and quantize_1x128 inside jit of a [2816, 768] weight split
+  """The quantisers (and dequantisers) inside jit of a [2816, 768] weight split
   over the mesh (5.5 or 2.75 row blocks, 1.5 column blocks per shard): the same
   bits as on one device; q keeps the weight's sharding."""
   mesh = _mesh((2, 4), axis_type)
   w = np.random.default_rng(1).standard_normal((2816, 768)).astype(np.float32)
-  for quantize in (jax_fp8.quantize_128x128, jax_fp8.quantize_1x128):
+  for quantize, dequantize in ((jax_fp8.quantize_128x128, jax_fp8.dequantize_128x128),
+                               (jax_fp8.quantize_1x128, jax_fp8.dequantize_1x128)):
     want_q, want_s = quantize(w)
     with jax.set_mesh(mesh):
       q, s = jax.jit(quantize)(jax.device_put(w, spec))
+      back = jax.jit(dequantize)(q, s)
     np.testing.assert_array_equal(np.asarray(s), np.asarray(want_s))
     np.testing.assert_array_equal(np.asarray(q).view(np.uint8), np.asarray(want_q).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(back), np.asarray(dequantize(want_q, want_s)))
     if axis_type == AxisType.Explicit:
-      assert q.sharding.spec == P(*spec, *([None] * (2 - len(spec))))
+      full = P(*spec, *([None] * (2 - len(spec))))
+      assert q.sharding.spec == full and back.sharding.spec == full
