@@ -8,17 +8,13 @@ element maps to +-448 exactly.
 The rules, which every quantiser of the project (these jnp ones are the
 reference; fused kernels must agree bitwise on scales) follows:
 - amax = max |x| over the group, NaN-propagating (`group_amax`).
-- scale = amax * float32(1/448) (the product by the rounded reciprocal, as
-  the kernels compute it: pallas/quant_math.py; XLA makes a division by the
-  constant 448 exactly that under jit); a scale below float32's normal range
-  (an all-zero group, or amax < 448 * 2^-126, which XLA on the CPU flushes to
-  zero anyway) is 1.
-- power_of_two_scales: the smallest power of two 2^e with amax <= 448 * 2^e,
-  built from amax's exponent bits (exact); 1 where that power is below the
-  normal range (e < -126, or an all-zero group). Being normal, such a scale's
-  float32 exponent field is its UE8M0 code.
-- q = clip(x / scale, -448, 448) as float8_e4m3fn (round to nearest even), a
-  true float32 division.
+- scale = amax / 448 in float32 (a true division); a scale below float32's
+  normal range (an all-zero group, or amax / 448 < 2^-126, which XLA on the CPU
+  flushes to zero anyway) is 1.
+- power_of_two_scales: the smallest power of two 2^e >= 2^-126 with
+  amax <= 448 * 2^e, built from amax's exponent bits (exact); an all-zero group
+  gets 1. Being normal, such a scale's float32 exponent field is its UE8M0 code.
+- q = clip(x / scale, -448, 448) as float8_e4m3fn (round to nearest even).
 - Non-finite input: a group holding a NaN gets scale NaN (its q are NaN); one
   holding +-Inf but no NaN gets scale +Inf (its finite q are 0, the Inf ones
   NaN). A non-finite input always shows in its group's scale.
@@ -34,7 +30,6 @@ from jax import lax
 
 BLOCK = 128
 E4M3_MAX = 448.0
-INV_E4M3_MAX = np.float32(1.0 / E4M3_MAX)
 FP8 = jnp.float8_e4m3fn
 MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 2^-126
 
@@ -81,19 +76,19 @@ def group_amax(x: jax.Array, axis) -> jax.Array:
 def scale_from_amax(amax: jax.Array, power_of_two: bool) -> jax.Array:
   """The float32 scale of groups with float32 `amax` (the rules in the module docstring)."""
   if not power_of_two:
-    scale = amax * INV_E4M3_MAX
-    # Zero or subnormal (flushed to 0 by XLA on the CPU, kept by a GPU): 1 on
-    # every platform. NaN < x is false: NaN and Inf stay.
+    scale = _divide(amax, jnp.float32(E4M3_MAX))
+    # Zero or subnormal: 1 (NaN < x is false: NaN and Inf stay).
     return jnp.where(scale < MIN_NORMAL, jnp.float32(1.0), scale)
   bits = lax.bitcast_convert_type(amax, jnp.int32)
   exponent = bits >> 23                      # biased; amax >= 0, so no sign bit
   mantissa = bits & _MANTISSA_BITS
   # amax = 1.m * 2^E <= 1.75 * 2^(e + 8) exactly when e >= E - 8 (1.m <= 1.75)
-  # or e >= E - 7; the same in biased exponents.
+  # or e >= E - 7; the same in biased exponents. Subnormal amax: the clamp.
   biased = exponent - 8 + (mantissa > _MANTISSA_OF_1_75).astype(jnp.int32)
-  power = lax.bitcast_convert_type(jnp.maximum(biased, 1) << 23, jnp.float32)
-  power = jnp.where(biased < 1, jnp.float32(1.0), power)  # below 2^-126, or zero: 1
-  return jnp.where(jnp.isfinite(amax), power, amax)   # Inf -> Inf, NaN -> NaN
+  biased = jnp.maximum(biased, 1)            # 2^-126 at least: a normal float32
+  scale = lax.bitcast_convert_type(biased << 23, jnp.float32)
+  scale = jnp.where(bits == 0, jnp.float32(1.0), scale)
+  return jnp.where(jnp.isfinite(amax), scale, amax)   # Inf -> Inf, NaN -> NaN
 
 
 def _to_e4m3(x: jax.Array, scale: jax.Array) -> jax.Array:
