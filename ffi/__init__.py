@@ -254,8 +254,11 @@ def unsupported_reason(op: str, m: int, n: int, k: int, *, out_dtype, has_c: boo
   Builds the kernel on the first call (cached on disk and per process), so a missing nvcc or
   a failed build makes "auto" skip this backend.
   """
-  del op, problem  # the module's ops are what it supports (jax_fp8.backends checks)
+  del op  # the module's ops are what it supports (jax_fp8.backends checks)
   del has_c  # any c works: it is cast to float32 before the call
+  if problem.get("b_scale_rows", 128) != 128:
+    return ("per-row b scales (b_scale_block=(1, 128)) are not implemented in the CUDA FFI "
+            "kernel (128x128 b scales only)")
   if np.dtype(out_dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)):
     return f"out_dtype must be bfloat16 or float32, got {out_dtype}"
   if max(m, n, k) >= _MAX_DIM:

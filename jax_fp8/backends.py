@@ -4,11 +4,19 @@ Each backend is one `Backend` record: the module that implements it and the
 GPUs its code is built for. A backend module implements an operation as a
 function of the operation's name on 2-D (folded) operands, e.g.
 
-    blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, ...) -> [M, N]
+    blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=128)
+        -> [M, N]
 
 and says whether it can take a problem:
 
     unsupported_reason(op, m, n, k, *, out_dtype, has_c, **problem) -> str | None
+
+Problem keywords of blockwise_fp8_dot beyond m, n, k, out_dtype, has_c:
+- b_scale_rows: 128 (b_scale [ceil(N/128), ceil(K/128)], 128x128 blocks) or 1
+  (b_scale [N, ceil(K/128)], per-row scales). The op passes it to the kernel
+  function as a keyword only where it is not the default, and a kernel
+  function without that keyword is refused for it (below), so a kernel module
+  that predates a keyword keeps running the default problems.
 
 "auto" takes the first backend of `BACKENDS` that supports the device and the
 problem; an explicit backend that cannot run raises BackendUnavailableError
@@ -19,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 from typing import Callable
 
 import numpy as np
@@ -70,6 +79,9 @@ BACKENDS = {b.name: b for b in (
     Backend("reference", "jax_fp8.reference", symbolic_shapes=True),
 )}
 NAMES = ("auto", *BACKENDS)
+# Problem keywords that an op's kernel function also receives, with the value
+# a kernel that does not name them implements.
+KERNEL_KEYWORDS = {"blockwise_fp8_dot": {"b_scale_rows": 128}}
 PALLAS = tuple(name for name, b in BACKENDS.items() if b.interpretable)
 
 
@@ -99,12 +111,28 @@ def _reason_unavailable(backend: Backend, platform: str, op: str, problem: dict)
   if not hasattr(module, op):
     return f"backend={backend.name!r} has no {op} kernel"
   reason = module.unsupported_reason(op, **problem)
+  missing = _missing_keywords(getattr(module, op), op, problem)
+  if reason is None and missing:
+    reason = f"its {op} kernel does not take " + ", ".join(
+        f"{key}={problem[key]!r}" for key in missing)
   return None if reason is None else f"backend={backend.name!r} cannot run this call: {reason}"
 
 
 def is_static(dim) -> bool:
   """False for a symbolic dimension (jax.export), which only the reference can take."""
   return isinstance(dim, (int, np.integer))
+
+
+def _missing_keywords(fn, op: str, problem: dict) -> list[str]:
+  """Kernel keywords of `problem` with a non-default value that `fn` has no parameter for."""
+  wanted = [key for key, default in KERNEL_KEYWORDS.get(op, {}).items()
+            if problem.get(key, default) != default]
+  if not wanted:
+    return []
+  params = inspect.signature(fn).parameters
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    return []
+  return [key for key in wanted if key not in params]
 
 
 def select(platform: str, backend: str, op: str = "blockwise_fp8_dot", **problem

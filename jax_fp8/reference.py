@@ -24,18 +24,30 @@ def _by_block(x: jax.Array, k: int) -> jax.Array:
   return x.reshape(x.shape[0], kb, BLOCK).transpose(1, 0, 2)
 
 
+def b_scale_per_row(b_scale, n: int, b_scale_rows: int = 128) -> jax.Array:
+  """b's scales as one row of K-group scales per row of b: [N, ceil(K/128)].
+
+  b_scale_rows=128: b_scale is [ceil(N/128), ceil(K/128)] (128x128 blocks),
+  each block row repeated over its 128 rows of b; 1: b_scale already is [N, kb].
+  """
+  if b_scale_rows == 1:
+    return b_scale
+  return jnp.repeat(b_scale, quantize.BLOCK, axis=0)[:n]
+
+
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
-                      out_dtype=jnp.bfloat16) -> jax.Array:
+                      out_dtype=jnp.bfloat16, b_scale_rows: int = 128) -> jax.Array:
   """a [..., M, K], b [N, K] -> [..., M, N]; see jax_fp8.blockwise_fp8_dot.
 
+  b_scale_rows: 128 for 128x128 b scales, 1 for per-row b scales [N, ceil(K/128)].
   M and the batch dims may be symbolic (jax.export); N and K are static.
   """
   *batch, m, k = a.shape
   n = b.shape[0]
   kb = quantize.num_blocks(k)
   a_scale = a_scale.reshape(-1, kb).astype(jnp.float32).T               # [kb, M]
-  # Per output column, the scale of its 128-row block of b: [kb, N].
-  b_scale = jnp.repeat(b_scale.astype(jnp.float32), BLOCK, axis=0)[:n].T
+  # Per output column, the scale of its row of b: [kb, N].
+  b_scale = b_scale_per_row(b_scale.astype(jnp.float32), n, b_scale_rows).T
 
   def step(acc, block):
     a_blk, b_blk, sa, sb = block

@@ -5,7 +5,7 @@ The op is a matmul with block-scaled operands, so it shards like one:
     factor   a          a_scale    b        b_scale   c / out
     batch    [..]       [..]       -        -         [..]
     M        -2         -2         -        -         -2
-    N        -          -          0        0 (blks)  -1
+    N        -          -          0        0 (blks)  -1     (per-row b scales: 0, rows)
     K        -1         -1 (blks)  1        1 (blks)  -        (reduction)
 
 - Batch, M or N sharded: every device computes its own tile, no communication.
@@ -17,7 +17,9 @@ The op is a matmul with block-scaled operands, so it shards like one:
   split anywhere: the scales come replicated along it (a few KB), and each
   device pads its shard in front to its first block's boundary, takes the
   scales of the blocks it touches, and slices its columns back out (N), or
-  adds its partial sums into the reduction (K). No operand bytes move.
+  adds its partial sums into the reduction (K). No operand bytes move. With
+  per-row b scales (b_scale_block=(1, 128), b_scale [N, ceil(K/128)]) the
+  scales go with b's rows, and N shards like M: any even split.
 - What cannot be split evenly (or a mesh axis wanted by two dimensions) is
   replicated, with a warning.
 
@@ -87,13 +89,13 @@ def _mesh_of(axis_context):
   return None if physical.empty else physical
 
 
-def lower(ctx, prim, *args, beta, out_dtype, backend, has_c):
+def lower(ctx, prim, *args, beta, out_dtype, backend, has_c, b_scale_block):
   """Lowering rule of `prim` (blockwise_fp8_dot_p) under a multi-device sharding context."""
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
-  devices = _mesh_of(ctx.module_context.axis_context).size
+  axis_sizes = tuple(_mesh_of(ctx.module_context.axis_context).shape.values())
   fn = _partitioned(prim, batch_ndim=a_aval.ndim - 2, n=b_aval.shape[0], k=b_aval.shape[1],
-                    devices=devices, beta=beta, out_dtype=np.dtype(out_dtype), backend=backend,
-                    has_c=has_c)
+                    axis_sizes=axis_sizes, beta=beta, out_dtype=np.dtype(out_dtype), backend=backend,
+                    has_c=has_c, b_scale_block=tuple(b_scale_block))
   return lower_locally(ctx, fn, *args)
 
 
@@ -114,30 +116,35 @@ def lower_locally(ctx, fn, *args):
 
 
 @functools.cache
-def _partitioned(prim, *, batch_ndim, n, k, devices, beta, out_dtype, backend, has_c):
+def _partitioned(prim, *, batch_ndim, n, k, axis_sizes, beta, out_dtype, backend, has_c,
+                 b_scale_block):
   """The primitive wrapped in custom_partitioning for one static configuration."""
-  params = dict(beta=beta, out_dtype=out_dtype, backend=backend, has_c=has_c)
-  # N (K) in whole blocks where any split of the mesh holds whole blocks;
-  # else split anywhere, each shard aligning itself to the blocks (_Plan.body).
-  in_blocks = dict(n=_splits_in_blocks(n, devices), k=_splits_in_blocks(k, devices))
+  params = dict(beta=beta, out_dtype=out_dtype, backend=backend, has_c=has_c,
+                b_scale_block=b_scale_block)
+  n_rows = b_scale_block[0] == 1  # per-row b scales: they go with b's rows
+  # N (K) in whole blocks where a split over any one mesh axis holds whole
+  # blocks; else split anywhere, each shard aligning itself to them (_Plan.body).
+  in_blocks = dict(n=n_rows or _splits_in_blocks(n, axis_sizes),
+                   k=_splits_in_blocks(k, axis_sizes))
 
   @custom_partitioning
   def fp8_dot(*xs):
     return prim.bind(*xs, **params)
 
   def partition(mesh, arg_shapes, result_shape):
-    plan = _Plan.from_shardings(mesh, arg_shapes, result_shape, has_c=has_c, **in_blocks)
+    plan = _Plan.from_shardings(mesh, arg_shapes, result_shape, has_c=has_c, n_rows=n_rows,
+                                **in_blocks)
     return mesh, plan.body(prim, params), plan.result_sharding(), plan.arg_shardings()
 
   def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
     # Used by the (deprecated) GSPMD partitioner only; Shardy uses the rule.
-    return _Plan.from_shardings(mesh, arg_shapes, None, has_c=has_c, quiet=True,
+    return _Plan.from_shardings(mesh, arg_shapes, None, has_c=has_c, n_rows=n_rows, quiet=True,
                                 **in_blocks).result_sharding()
 
   def propagate_user_sharding(mesh, user_shape):
     return user_shape.sharding  # Any output sharding is fine (GSPMD only).
 
-  rule, factor_kwargs = _sharding_rule(batch_ndim, has_c, **in_blocks)
+  rule, factor_kwargs = _sharding_rule(batch_ndim, has_c, n_rows=n_rows, **in_blocks)
   # The partitioner's shardings are decoded here (_decode), not by
   # custom_partitioning, which fails on sub-axis shardings with an internal error.
   fp8_dot.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
@@ -146,21 +153,24 @@ def _partitioned(prim, *, batch_ndim, n, k, devices, beta, out_dtype, backend, h
   return fp8_dot
 
 
-def _splits_in_blocks(size: int, devices: int) -> bool:
-  """Whether every split of `size` over some of the mesh's devices is in whole
-  128-blocks (the block count divides by the device count, so by any product
-  of mesh axes)."""
-  return size % BLOCK == 0 and (size // BLOCK) % devices == 0
+def _splits_in_blocks(size: int, axis_sizes) -> bool:
+  """Whether a split of `size` over any one mesh axis is in whole 128-blocks.
+
+  (A split over several axes whose product does not divide the blocks, e.g.
+  4 blocks over a 2x4 mesh's 8 devices, is then replicated: Shardy shards the
+  blocks over part of an axis, which _decode cannot express.)"""
+  return size % BLOCK == 0 and all((size // BLOCK) % a == 0 for a in axis_sizes)
 
 
-def _sharding_rule(batch_ndim, has_c, *, n: bool, k: bool):
+def _sharding_rule(batch_ndim, has_c, *, n: bool, k: bool, n_rows: bool = False):
   """Shardy's einsum-like rule. n (k): N (K) is a compound factor (blocks x
   128), so only whole 128-blocks are sharded and the scales go with them; the
   in-block factor needs replication. Otherwise N (K) is one factor that may be
   split anywhere, and the scales' N (K) dimension is replicated: each shard
   takes the scales of the blocks it touches (_Plan.body). (A compound factor
   whose block count does not divide over the axes sharding it would be split
-  over part of a mesh axis, which a PartitionSpec cannot say.)"""
+  over part of a mesh axis, which a PartitionSpec cannot say.) n_rows (per-row
+  b scales): b_scale's rows are b's rows, one factor n."""
   batch = " ".join(f"b{i}" for i in range(batch_ndim))
   replicate, sizes = [], {}
   if k:
@@ -170,7 +180,9 @@ def _sharding_rule(batch_ndim, has_c, *, n: bool, k: bool):
   else:
     a_k, s_k = "k", "kbs"
     replicate.append("kbs")
-  if n:
+  if n_rows:
+    b_n, s_n = "n", "n"
+  elif n:
     b_n, s_n = "(nb ni)", "nb"
     replicate.append("ni")
     sizes["ni"] = BLOCK
@@ -215,6 +227,11 @@ def _decode(sharding, mesh):
   return NamedSharding(mesh, spec)
 
 
+def _replicated(sharding) -> bool:
+  hlo = getattr(sharding, "_hlo_sharding", None)
+  return sharding is None or (hlo is not None and hlo.is_replicated())
+
+
 def _spec(sharding, ndim) -> list[tuple[str, ...]]:
   if not isinstance(sharding, NamedSharding):
     return [()] * ndim  # Not expressible on the mesh: treat as replicated.
@@ -241,15 +258,20 @@ class _Plan:
 
   @classmethod
   def from_shardings(cls, mesh, arg_shapes, result_shape, *, has_c, quiet=False, n=True,
-                     k=True):
+                     k=True, n_rows=False):
     n_in_blocks, k_in_blocks = n, k
     a, b = arg_shapes[0], arg_shapes[2]
     *batch, m, k = a.shape
     n = b.shape[0]
-    a_spec, b_spec = _spec(_decode(a.sharding, mesh), a.ndim), _spec(_decode(b.sharding, mesh), 2)
     sizes = dict(mesh.shape)
     used: set[str] = set()
     dropped = []
+    decoded = {name: _decode(x.sharding, mesh) for name, x in (("a", a), ("b", b))}
+    for name, x in (("a", a), ("b", b)):
+      if decoded[name] is None and not _replicated(x.sharding):
+        dropped.append(f"{name} (sharded over part of a mesh axis: its blocks do not divide "
+                       "over the axes)")
+    a_spec, b_spec = _spec(decoded["a"], a.ndim), _spec(decoded["b"], 2)
 
     def claim(name, axes, size, block):
       """The axes `name` keeps: unused ones, and only if the split is even
@@ -269,7 +291,8 @@ class _Plan:
 
     batch_axes = tuple(claim(f"batch dim {i}", a_spec[i], d, 0) for i, d in enumerate(batch))
     m_axes = claim("M", a_spec[-2], m, 0)
-    n_axes = claim("N", b_spec[0], n, BLOCK if n_in_blocks else 0)
+    # Per-row b scales split with b's rows anywhere, like M.
+    n_axes = claim("N", b_spec[0], n, BLOCK if n_in_blocks and not n_rows else 0)
     k_axes = claim("K", a_spec[-1] or b_spec[1], k, BLOCK if k_in_blocks else 0)
     if dropped and not quiet:
       warnings.warn("blockwise_fp8_dot: replicating instead of sharding " + "; ".join(dropped)
@@ -337,8 +360,9 @@ class _Plan:
       if not k_axes and not has_c:
         out = prim.bind(a, a_scale, b, b_scale, **params)
         return lax.dynamic_slice_in_dim(out, n_start, self.n // shards(self.n_axes), -1)
-      acc = prim.bind(a, a_scale, b, b_scale, beta=1.0, out_dtype=np.dtype(jnp.float32),
-                      backend=params["backend"], has_c=False)
+      acc = prim.bind(a, a_scale, b, b_scale, **dict(params, beta=1.0,
+                                                      out_dtype=np.dtype(jnp.float32),
+                                                      has_c=False))
       if align_n:
         acc = lax.dynamic_slice_in_dim(acc, n_start, self.n // shards(self.n_axes), -1)
       if scatter_dim is not None:

@@ -4,6 +4,10 @@
 - `reference_f64`: the contract evaluated in float64 with numpy.
 - `edge_operands` / `contract_magnitude`: operands with edge values (NaN, Inf,
   zeros, subnormals, extreme scales) and the size of each output's terms.
+- `quantize_np`, `dense_reference_f64`: the quantisers and jax_fp8.dense's
+  training recipe (forward, dgrad, wgrad) simulated in numpy: quantise as
+  specified, then exact float64 arithmetic (`quantize_jnp`: the same with
+  jax_fp8's quantisers).
 - `assert_close`: the relative Frobenius bounds of the project (and no NaN).
 - `assert_same_nonfinite_and_close`: the same where NaN/Inf are expected (edge values).
 - `poison_like`: a NaN-filled array, to prove every output tile gets written.
@@ -20,6 +24,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from jax_fp8 import quantize
@@ -33,7 +38,7 @@ class Operands:
   a: jax.Array        # [..., M, K] float8_e4m3fn
   a_scale: jax.Array  # [..., M, ceil(K/128)] float32
   b: jax.Array        # [N, K] float8_e4m3fn
-  b_scale: jax.Array  # [ceil(N/128), ceil(K/128)] float32
+  b_scale: jax.Array  # [ceil(N/128), ceil(K/128)] float32 (or [N, ceil(K/128)]: per-row)
   c: jax.Array | None  # [..., M, N] or None
 
   def args(self):
@@ -52,9 +57,12 @@ def random_scales(rng: np.random.Generator, shape) -> np.ndarray:
 
 
 def random_operands(seed: int, m: int, n: int, k: int, *, batch=(),
-                    with_c: bool = False, c_dtype=jnp.float32) -> Operands:
+                    with_c: bool = False, c_dtype=jnp.float32,
+                    b_scale_block=(128, 128)) -> Operands:
+  """b_scale_block=(1, 128) gives per-row b scales [N, ceil(K/128)]."""
   rng = np.random.default_rng(seed)
-  kb, nb = quantize.num_blocks(k), quantize.num_blocks(n)
+  kb = quantize.num_blocks(k)
+  nb = n if tuple(b_scale_block) == (1, 128) else quantize.num_blocks(n)
   c = None
   if with_c:
     c = jnp.asarray(rng.standard_normal((*batch, m, n)).astype(np.float32)).astype(c_dtype)
@@ -132,22 +140,26 @@ def contract_magnitude(a, a_scale, b, b_scale, c=None, beta: float = 1.0, *,
                        absolute(c), abs(beta), flush_subnormal_scales=flush_subnormal_scales)
 
 
-def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0, *,
-                  flush_subnormal_scales: bool = False) -> np.ndarray:
+def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0,
+                  b_scale_block=(128, 128), *, flush_subnormal_scales: bool = False
+                  ) -> np.ndarray:
   """The contract in float64 with numpy, one K block at a time.
 
   out = sum over K blocks of (block dot, exact in float64) * (a_scale * b_scale
   as float32, the one rounding the contract makes there), + beta * c. Non-finite
   values follow IEEE arithmetic (an infinite scale times a negative block sum is
-  -inf, times a zero block sum NaN). flush_subnormal_scales: read subnormal
-  scales and scale products as 0, as XLA on the CPU does (so the reference
-  backend and GPU interpret mode there).
+  -inf, times a zero block sum NaN). b_scale_block=(1, 128): b_scale is per row
+  of b, [N, ceil(K/128)]. flush_subnormal_scales: read subnormal scales and
+  scale products as 0, as XLA on the CPU does (so the reference backend and GPU
+  interpret mode there).
   """
   a64 = np.asarray(jnp.asarray(a).astype(jnp.float32), dtype=np.float64)
   b64 = np.asarray(jnp.asarray(b).astype(jnp.float32), dtype=np.float64)
   n, k = b64.shape
   sa = np.asarray(a_scale, np.float32)
-  sb = np.repeat(np.asarray(b_scale, np.float32), quantize.BLOCK, axis=0)[:n]  # [N, kb]
+  sb = np.asarray(b_scale, np.float32)
+  if tuple(b_scale_block) != (1, 128):
+    sb = np.repeat(sb, quantize.BLOCK, axis=0)[:n]  # [N, kb]: each row's block scales
   flush = _flush_subnormals if flush_subnormal_scales else (lambda x: x)
   sa, sb = flush(sa), flush(sb)
   out = np.zeros((*a64.shape[:-1], n))
@@ -157,6 +169,7 @@ def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0, *,
       scale = flush(sa[..., :, j, None] * sb[None, :, j])  # float32, as the contract says
       out += (a64[..., blk] @ b64[:, blk].T) * scale.astype(np.float64)
     if c is not None:
+      beta = float(np.asarray(beta, np.float64))
       out = out + beta * np.asarray(jnp.asarray(c).astype(jnp.float32), np.float64)
   return out
 
@@ -230,6 +243,71 @@ def assert_same_nonfinite_and_close(out, ref: np.ndarray, out_dtype=None, *,
 def poison_like(shape, dtype) -> jax.Array:
   """An output-sized NaN array: a kernel that leaves a tile unwritten fails."""
   return jnp.full(shape, jnp.nan, dtype)
+
+
+# ---- the training recipe in numpy ----------------------------------------------
+
+def quantize_np(x, group) -> np.ndarray:
+  """x [R, C] quantised in groups of `group` = (rows, cols) elements (1x128 or
+  128x128; the last groups may be partial), returned dequantised in float64.
+
+  An independent implementation of the quantisers' rule for finite input:
+  scale = float32(amax) / 448 rounded once (below float32's normal range, e.g.
+  an all-zero group: 1), q = clip(x / scale, +-448) rounded to e4m3 (nearest
+  even), value = q * scale exactly.
+  """
+  x = np.asarray(jnp.asarray(x).astype(jnp.float32))
+  if not np.all(np.isfinite(x)):
+    raise ValueError("quantize_np simulates finite input only")
+  gr, gc = group
+  r, c = x.shape
+  rb, cb = -(-r // gr), -(-c // gc)
+  padded = np.zeros((rb * gr, cb * gc), np.float32)  # zeros change no group's amax
+  padded[:r, :c] = x
+  blocks = padded.reshape(rb, gr, cb, gc)
+  scale = np.max(np.abs(blocks), axis=(1, 3)) / np.float32(quantize.E4M3_MAX)  # float32
+  tiny = np.finfo(np.float32).tiny  # a scale below float32's normal range (all zeros): 1
+  scale = np.where(scale < tiny, np.float32(1.0), scale)[:, None, :, None]
+  q = np.clip(blocks / scale, -quantize.E4M3_MAX, quantize.E4M3_MAX).astype(
+      ml_dtypes.float8_e4m3fn)
+  out = q.astype(np.float64) * scale.astype(np.float64)
+  return out.reshape(rb * gr, cb * gc)[:r, :c]
+
+
+def quantize_jnp(x, group) -> np.ndarray:
+  """Like quantize_np, through jax_fp8's own quantisers (dequantised exactly in float64)."""
+  x = jnp.asarray(x)
+  if tuple(group) == (128, 128):
+    q, s = jax.jit(quantize.quantize_128x128)(x)
+    s = np.repeat(np.asarray(s, np.float64), quantize.BLOCK, 0)[:x.shape[0]]
+  elif tuple(group) == (1, 128):
+    q, s = jax.jit(quantize.quantize_1x128)(x)
+    s = np.asarray(s, np.float64)
+  else:
+    raise ValueError(f"group must be (1, 128) or (128, 128), got {group}")
+  s = np.repeat(s, quantize.BLOCK, 1)[:, :x.shape[1]]
+  return np.asarray(jnp.asarray(q).astype(jnp.float32), np.float64) * s
+
+
+def dense_reference_f64(x, kernel, dy, quantize_fn=quantize_np):
+  """jax_fp8.dense's recipe on x [T, K], kernel [K, N] and the output gradient
+  dy [T, N], in float64 after quantisation: (y, dx, dkernel).
+
+  forward  y  = Q(x, 1x128 along K)   @ Q(kernel, 128x128)
+  dgrad    dx = Q(dy, 1x128 along N)  @ Q(kernel, 128x128)^T
+  wgrad    dk = Q(x, 1x128 along T)^T @ Q(dy, 1x128 along T)
+
+  quantize_fn(x, group) -> dequantised float64: quantize_np (the rule, in
+  numpy) or quantize_jnp (jax_fp8's quantisers, to check the recipe's wiring
+  apart from the quantisers' last bits).
+  """
+  x32 = np.asarray(jnp.asarray(x).astype(jnp.float32))
+  dy32 = np.asarray(jnp.asarray(dy).astype(jnp.float32))
+  w = quantize_fn(jnp.asarray(kernel), (128, 128))
+  y = quantize_fn(x32, (1, 128)) @ w
+  dx = quantize_fn(dy32, (1, 128)) @ w.T
+  dk = quantize_fn(x32.T, (1, 128)) @ quantize_fn(dy32.T, (1, 128)).T
+  return y, dx, dk
 
 
 # ---- grouped (MoE) GEMMs ----------------------------------------------------------

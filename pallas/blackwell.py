@@ -332,14 +332,14 @@ def quantize_pieces(vals, epi_n: int, power_of_two: bool, store_scale):
   out = []
   for g in range(0, len(vals), per_group):
     group = vals[g:g + per_group]
-    amaxes = [quant_math.row_amax(v) for v in group]
-    # A hardware max drops NaNs: a group's amax is NaN where any piece's is.
-    amax = functools.reduce(jnp.maximum, amaxes)
-    nan = functools.reduce(jnp.logical_or, [a != a for a in amaxes])
-    amax = jnp.where(nan, jnp.full_like(amax, jnp.nan), amax)
-    scale = quant_math.scale_from_amax(amax, power_of_two)
+    # The max of the pieces' magnitude bits: NaN-propagating (a float max is not).
+    bits = functools.reduce(jnp.maximum, [jnp.max(quant_math.magnitude_bits(v), axis=-1)
+                                          for v in group])
+    scale = quant_math.scale(quant_math.as_amax(bits, jnp.float32), power_of_two,
+                             plgpu.Layout.TCGEN05.reduce(1))
     store_scale(g // per_group, scale)
-    out += [quant_math.quantize(v, lax.broadcast_in_dim(scale, v.shape, [0])) for v in group]
+    out += [quant_math.quantize(v, lax.broadcast_in_dim(scale, v.shape, [0]),
+                                plgpu.Layout.TCGEN05) for v in group]
   return out
 
 

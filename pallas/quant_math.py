@@ -1,67 +1,104 @@
-"""The 1x128 quantisation arithmetic, as kernels compute it in registers.
+"""The 1x128 quantisation arithmetic, as every kernel computes it in registers.
 
-The same definition as jax_fp8's jnp quantisers (README, "Quantisation"):
-amax of a group (NaN-propagating), scale = amax * float32(1/448) (1 for an
-all-zero group), optionally instead the smallest power of two 2^e with
-amax <= 448 * 2^e, and q = clip(x / scale, -448, 448) in float8_e4m3fn. A group
-holding a NaN gets scale NaN, one holding an Inf (and no NaN) scale +Inf.
+The quantisers (pallas/quantize.py) and the FP8 output epilogues (hopper.py,
+blackwell.py) share it, and it is the definition jax_fp8's jnp quantisers
+follow bit for bit (README, "Quantisation"):
 
-Every step is float32 arithmetic no compiler rewrites (a product by a
-constant, exponent-bit masks, comparisons, products by powers of two, one
-division by a non-constant), so kernels, interpret mode and the jnp reference
-agree bit for bit, jitted or not. (XLA turns a division by the constant 448
-into a product by its rounded reciprocal under jit but not eagerly: the
-definition takes the product.)
+  amax = max |x| over the group, NaN-propagating;
+  scale = amax / 448 rounded once to float32; a scale below float32's normal
+    range (all zeros, or amax / 448 < 2^-126) is 1;
+  power_of_two_scales: the smallest power of two 2^e >= 2^-126 with
+    amax <= 448 * 2^e, by exponent arithmetic (all zeros: 1);
+  q = float8_e4m3fn(clip(x / scale, -448, 448)), x / scale rounded once.
+
+So a group holding a NaN gets scale NaN (its q are NaN), one holding an Inf but
+no NaN gets scale Inf (its finite q are 0, the Inf ones NaN).
+
+Exact arithmetic: Mosaic GPU compiles float32 `/` to PTX `div.full.f32` (an
+approximation within 2 ulp), so compiled kernels divide with `div.rn.f32` in
+inline PTX; in GPU interpret mode (XLA on the CPU) the division is XLA's, the
+divisor behind an optimisation barrier (XLA rewrites a / broadcast(b) into
+a * (1 / b), two roundings). The amax is an integer max of the magnitude bits:
+NaN-propagating and subnormal-aware on every platform (a hardware or XLA float
+max can drop NaN, and XLA's CPU code flushes subnormals).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
-E4M3_MAX = 448.0
-INV_E4M3_MAX = np.float32(1.0 / E4M3_MAX)
+from jax_fp8.pallas import device
+
+E4M3_MAX = 448.0      # largest finite float8_e4m3fn
 FP8 = jnp.float8_e4m3fn
-_MIN_NORMAL = np.float32(2.0**-126)
-_EXPONENT_BITS = np.int32(0x7F800000)
+MIN_NORMAL = float(np.finfo(np.float32).tiny)   # 2^-126
 
 
-def _floor_power_of_two(x):
-  """2^floor(log2 x) for finite x >= 2^-126, by masking the mantissa bits."""
-  return lax.bitcast_convert_type(
-      lax.bitcast_convert_type(x, jnp.int32) & _EXPONENT_BITS, jnp.float32)
+def exact_div(a, b, layout):
+  """a / b rounded once to float32 (round to nearest even), elementwise.
+
+  a, b: float32 arrays of one shape, in `layout`.
+  """
+  if device.interpret_mode_active():
+    # XLA's algebraic simplifier rewrites a / broadcast(b) (and a / constant)
+    # into a * (1 / b), which rounds twice; the barrier hides the broadcast.
+    return a / lax.optimization_barrier(b)
+
+  @plgpu.inline_mgpu(arg_types=(layout, layout),
+                     return_type=plgpu.ShapeDtypeStruct(a.shape, jnp.float32, layout))
+  def div_rn(_, a, b):
+    # Mosaic lowers `/` to div.full.f32 (within 2 ulp); div.rn.f32 is IEEE's.
+    return a._pointwise(mgpu.FragmentedArray._lift_fast_instr("div.rn.f32"), b)
+
+  return div_rn(a, b)
 
 
-def power_of_two_scale(amax):
-  """The smallest power of two p with amax <= 448 * p (exact: 448 * p is exact)."""
-  s = amax * INV_E4M3_MAX
-  # Subnormal s: scale into the normal range, where the mantissa mask works.
-  tiny = s < _MIN_NORMAL
-  lift = np.float32(2.0**64)
-  t = jnp.where(tiny, s * lift, s)
-  p = _floor_power_of_two(t)
-  p = jnp.where(p < t, p * 2, p)
-  p = jnp.where(tiny, p * np.float32(2.0**-64), p)
-  # s is within an ulp of amax / 448: settle the definition by exact compares.
-  p = jnp.where(amax > E4M3_MAX * p, p * 2, p)
-  p = jnp.where((amax <= E4M3_MAX * (p * 0.5)) & (p > 0), p * 0.5, p)
-  return jnp.where(amax != amax, amax, p)   # NaN stays NaN
+def magnitude_bits(v):
+  """|v| as same-width integers: float magnitudes order like their bit patterns, and
+  every NaN's lies above Inf's, so an integer max is a NaN-propagating amax that
+  sees subnormals on every platform."""
+  int_type = {2: jnp.int16, 4: jnp.int32}[np.dtype(v.dtype).itemsize]
+  sign_off = (1 << (8 * np.dtype(v.dtype).itemsize - 1)) - 1
+  return lax.bitcast_convert_type(v, int_type) & sign_off
 
 
-def scale_from_amax(amax, power_of_two: bool):
-  """The scale of groups with these amax values (any shape, float32)."""
-  scale = power_of_two_scale(amax) if power_of_two else amax * INV_E4M3_MAX
-  # All-zero groups (and scales underflowing to 0) get scale 1; NaN stays NaN.
-  return jnp.where(scale == 0, jnp.ones_like(scale), scale)
+def as_amax(bits, dtype):
+  """The float32 amax of magnitude bits of `dtype` (exact)."""
+  return lax.bitcast_convert_type(bits, dtype).astype(jnp.float32)
 
 
-def quantize(x, scale):
-  """x / scale clipped to e4m3's range and rounded to e4m3 (NaN stays NaN)."""
-  return jnp.clip(x / scale, -E4M3_MAX, E4M3_MAX).astype(FP8)
+def row_amax(v):
+  """max |v| along the last axis (float32), NaN-propagating."""
+  return as_amax(jnp.max(magnitude_bits(v), axis=-1), v.dtype)
 
 
-def row_amax(x):
-  """max |x| along the last axis, NaN-propagating (a hardware max drops NaNs)."""
-  amax = jnp.max(jnp.abs(x), axis=-1)
-  nans = jnp.sum(jnp.where(x != x, jnp.ones_like(x), jnp.zeros_like(x)), axis=-1)
-  return jnp.where(nans > 0, jnp.full_like(amax, jnp.nan), amax)
+def _pow2_scale(amax):
+  """The smallest power of two 2^e >= 2^-126 with amax <= 448 * 2^e (finite amax)."""
+  bits = lax.bitcast_convert_type(amax, jnp.int32)
+  # amax = 1.m * 2^E and 448 = 1.75 * 2^8: e = E - 8, or E - 7 if 1.m > 1.75; the
+  # same in biased exponents. A subnormal amax (biased 0) ends at the clamp.
+  biased = (lax.shift_right_logical(bits, 23) - 8
+            + jnp.where((bits & 0x7FFFFF) > 0x600000, 1, 0))
+  scale = lax.bitcast_convert_type(lax.shift_left(jnp.maximum(biased, 1), 23), jnp.float32)
+  return jnp.where(bits == 0, 1.0, scale)
+
+
+def scale(amax, power_of_two: bool, layout):
+  """The float32 group scale of each amax (NaN and Inf pass through); amax in `layout`."""
+  if power_of_two:
+    return jnp.where(amax < jnp.inf, _pow2_scale(amax), amax)  # amax >= 0: NaN, Inf fail
+  s = exact_div(amax, jnp.full(amax.shape, E4M3_MAX, jnp.float32), layout)
+  return jnp.where(s < MIN_NORMAL, 1.0, s)  # NaN < x is false: NaN stays
+
+
+def quantize(v, scale_, layout):
+  """FP8 of v / scale_ (scale_ broadcast to v's shape, both in `layout`)."""
+  q = exact_div(v.astype(jnp.float32), scale_, layout)
+  if device.interpret_mode_active():
+    # The GPU's conversion (cvt.rn.satfinite.e4m3x2.f32) clamps to +-448 itself
+    # (NaN stays NaN); ml_dtypes' would give NaN past 464.
+    q = jnp.clip(q, -E4M3_MAX, E4M3_MAX)
+  return q.astype(FP8)

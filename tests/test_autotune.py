@@ -95,7 +95,7 @@ def test_hopper_candidates_are_buildable():
       assert len(cands) == len(set(cands)) >= 3
       for cfg in cands:
         cfg.check()
-        assert cfg.smem_bytes(out_dtype) <= hopper.SMEM_BYTES
+        assert cfg.smem_bytes(out_dtype) <= hopper_tiling.SMEM_BYTES
         assert m > 64 or cfg.tile_m == 64  # decode never wastes a 128-row tile
 
 

@@ -79,10 +79,18 @@ def test_quantize_benchmark(tmp_path):
   assert "no GPU found: CPU numbers" in text
   data = json.loads(out.read_text())
   ops = {r["op"]: r for r in data["results"]}
-  assert set(ops) == {"copy", "quantize_1x128", "quantize_128x128"}
-  assert all(r["gbs"] > 0 for r in ops.values())
+  xla = {"copy", "quantize_1x128", "quantize_1x128_with_transpose", "quantize_128x128"}
+  pallas = {"pallas_quantize_1x128", "pallas_quantize_1x128_with_transpose",
+            "pallas_quantize_128x128", "pallas_quantize_128x128_with_transpose"}
+  assert set(ops) == xla | pallas
+  assert all(ops[o]["gbs"] > 0 for o in xla)
+  assert all("need a GPU" in ops[o]["error"] for o in pallas)  # no GPU: reported, not fatal
   assert ops["copy"]["of_copy"] == 1.0
   assert ops["quantize_1x128"]["bytes"] == 256 * 384 * (2 + 1) + 256 * 3 * 4
+  assert ops["pallas_quantize_1x128_with_transpose"]["bytes"] == (
+      256 * 384 * (2 + 2) + (256 * 3 + 384 * 2) * 4)
+  text = _run(QUANT, "--shapes=128x256", "--iters=1", "--ops=quantize_128x128")
+  assert "quantize_128x128" in text and "quantize_1x128 " not in text
 
 
 @pytest.mark.skipif(not (_has_module("pallas/hopper.py") or _has_module("pallas/blackwell.py")),

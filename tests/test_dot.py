@@ -163,7 +163,7 @@ def _good():
 def _call(over, jit):
   o = _good()
   arrays = dict(a=o.a, a_scale=o.a_scale, b=o.b, b_scale=o.b_scale, c=o.c)
-  params = dict(beta=1.0, out_dtype=BF16, backend="auto")
+  params = dict(beta=1.0, out_dtype=BF16, backend="auto", b_scale_block=(128, 128))
   for key, value in over.items():
     (arrays if key in arrays else params)[key] = value
 
@@ -187,7 +187,15 @@ BAD_INPUTS = [
     (dict(c=jnp.ones((8, 129), F32)), ValueError, "c must have the output's shape"),
     (dict(c=jnp.ones((8, 130), jnp.int32)), TypeError, "c must be a floating-point"),
     (dict(c=None, beta=0.5), ValueError, "beta=0.5 was given but c is None"),
-    (dict(beta=jnp.float32(2.0)), TypeError, "beta must be a Python real number"),
+    (dict(beta="2"), TypeError, "beta must be a real number (static) or a scalar JAX array"),
+    (dict(beta=True), TypeError, "beta must be a real number (static) or a scalar JAX array"),
+    (dict(beta=jnp.ones((2,), F32)), ValueError, "beta must be a scalar"),
+    (dict(beta=jnp.array(1 + 1j)), TypeError, "beta must be a real (floating or integer)"),
+    (dict(c=None, beta=jnp.float32(0.5)), ValueError, "beta was given as an array but c is None"),
+    (dict(b_scale_block=(1, 64)), ValueError, "b_scale_block must be (128, 128)"),
+    (dict(b_scale_block="1x128"), ValueError, "b_scale_block must be (128, 128)"),
+    (dict(b_scale_block=(1, 128)), ValueError,
+     "b_scale must have shape (N, ceil(K/128)) = (130, 3)"),
     (dict(beta=float("nan")), ValueError, "beta must be finite"),
     (dict(out_dtype=jnp.float16), TypeError, "out_dtype must be bfloat16 or float32"),
     (dict(out_dtype="int8"), TypeError, "out_dtype must be bfloat16 or float32"),
@@ -217,3 +225,158 @@ def test_gpu_backends_on_the_cpu_say_why(backend):
   if backend != "ffi":
     with pytest.raises(jax_fp8.BackendUnavailableError, match="interpret mode"):
       jax_fp8.blockwise_fp8_dot(*o.args()[:4], backend=backend)
+
+
+# ---- per-row b scales (b_scale_block=(1, 128)) ---------------------------------------
+
+ROW = (1, 128)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 130, 300), (64, 256, 256), (3, 200, 129)])
+@pytest.mark.parametrize("out_dtype", [F32, BF16])
+def test_per_row_b_scales_match_float64_reference(m, n, k, out_dtype):
+  ops = testing.random_operands(m + 3 * n + k, m, n, k, b_scale_block=ROW, with_c=True)
+  assert ops.b_scale.shape == (n, -(-k // 128))
+  out = jax_fp8.blockwise_fp8_dot(*ops.args(), beta=-0.5, out_dtype=out_dtype,
+                                  b_scale_block=ROW)
+  testing.assert_close(out, testing.reference_f64(*ops.args(), beta=-0.5, b_scale_block=ROW),
+                       out_dtype)
+
+
+def test_per_row_b_scales_are_per_row_and_per_k_block():
+  # Neighbouring rows of b get scales 2^10 apart: a 128-row block scale cannot match.
+  ops = testing.random_operands(30, 16, 256, 384, b_scale_block=ROW)
+  ops.b_scale = ops.b_scale.at[1::2, 1].multiply(1024.0)
+  out = jax_fp8.blockwise_fp8_dot(*ops.args()[:4], out_dtype=F32, b_scale_block=ROW)
+  testing.assert_close(out, testing.reference_f64(*ops.args()[:4], b_scale_block=ROW), F32)
+  # The same scales read as if the first row's applied to its whole 128-row block: far off.
+  blocks = ops.b_scale[::128]
+  wrong = testing.reference_f64(*ops.args()[:3], blocks, b_scale_block=(128, 128))
+  assert testing.rel_error(out, wrong) > 0.1
+
+
+def test_per_row_b_scales_under_jit_and_vmap():
+  ops = testing.random_operands(31, 10, 140, 260, batch=(3,), b_scale_block=ROW)
+  f = lambda a, sa, b, sb: jax_fp8.blockwise_fp8_dot(a, sa, b, sb, out_dtype=F32,
+                                                     b_scale_block=ROW)
+  ref = testing.reference_f64(*ops.args()[:4], b_scale_block=ROW)
+  testing.assert_close(jax.jit(jax.vmap(f, in_axes=(0, 0, None, None)))(*ops.args()[:4]),
+                       ref, F32)
+  # Batched weights with per-row scales: one dot per element.
+  bs = jnp.stack([ops.b, ops.b[::-1]])
+  ss = jnp.stack([ops.b_scale, ops.b_scale[::-1]])
+  out = jax.vmap(f, in_axes=(None, None, 0, 0))(ops.a[0], ops.a_scale[0], bs, ss)
+  for i in range(2):
+    testing.assert_close(out[i], testing.reference_f64(ops.a[0], ops.a_scale[0], bs[i], ss[i],
+                                                       b_scale_block=ROW), F32)
+
+
+def test_per_row_b_scales_backend_selection():
+  from jax_fp8 import backends
+  import jax_fp8.ffi as ffi
+  # The CUDA fallback says it has no per-row kernel (before it looks for a GPU).
+  reason = ffi.unsupported_reason("blockwise_fp8_dot", 64, 64, 256, out_dtype=F32,
+                                  b_scale_rows=1)
+  assert "per-row b scales" in reason and "FFI" in reason
+  # A kernel function without the keyword is refused for the non-default value only.
+  def old_kernel(a, a_scale, b, b_scale, c, *, beta, out_dtype):
+    del a, a_scale, b, b_scale, c, beta, out_dtype
+  def new_kernel(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_rows=128):
+    del a, a_scale, b, b_scale, c, beta, out_dtype, b_scale_rows
+  op = "blockwise_fp8_dot"
+  assert backends._missing_keywords(old_kernel, op, dict(b_scale_rows=1)) == ["b_scale_rows"]
+  assert backends._missing_keywords(old_kernel, op, dict(b_scale_rows=128)) == []
+  assert backends._missing_keywords(new_kernel, op, dict(b_scale_rows=1)) == []
+  name, fn = backends.select("cpu", "auto", m=8, n=8, k=8, out_dtype=F32, has_c=False,
+                             b_scale_rows=1)
+  assert name == "reference"
+
+
+# ---- differentiation: linear in c and beta; FP8 operands refused ----------------------
+
+def _c_ops(seed=40):
+  ops = testing.random_operands(seed, 24, 140, 260, with_c=True)
+  scale = np.float32(np.std(testing.reference_f64(*ops.args()[:4])))
+  ops.c = ops.c * scale  # both terms of the same size
+  return ops
+
+
+@pytest.mark.parametrize("out_dtype,c_dtype", [(F32, F32), (BF16, BF16), (F32, BF16)])
+def test_grad_with_respect_to_c(out_dtype, c_dtype):
+  ops = _c_ops()
+  c = ops.c.astype(c_dtype)
+  g = jax.random.normal(jax.random.key(1), c.shape, F32)
+  def loss(c):
+    out = jax_fp8.blockwise_fp8_dot(*ops.args()[:4], c, beta=-0.75, out_dtype=out_dtype)
+    return jnp.sum(out.astype(F32) * g)
+  dc = jax.jit(jax.grad(loss))(c)
+  assert dc.dtype == c_dtype
+  want = (-0.75 * np.asarray(g, np.float64))
+  testing.assert_close(dc, want, c_dtype)
+
+
+def test_jvp_and_linear_transpose_in_c():
+  ops = _c_ops(41)
+  f = lambda c: jax_fp8.blockwise_fp8_dot(*ops.args()[:4], c, beta=2.0, out_dtype=F32)
+  t = jax.random.normal(jax.random.key(2), ops.c.shape, F32)
+  out, tangent = jax.jvp(f, (ops.c,), (t,))
+  testing.assert_close(out, testing.reference_f64(*ops.args(), beta=2.0), F32)
+  np.testing.assert_allclose(np.asarray(tangent), 2.0 * np.asarray(t), rtol=1e-6)
+  # Reverse mode of the tangent map (jax.linearize + linear_transpose).
+  _, f_lin = jax.linearize(f, ops.c)
+  ct, = jax.linear_transpose(f_lin, ops.c)(t)
+  np.testing.assert_allclose(np.asarray(ct), 2.0 * np.asarray(t), rtol=1e-6)
+
+
+@pytest.mark.parametrize("out_dtype", [F32, BF16])
+def test_traced_beta_matches_static_and_is_differentiable(out_dtype):
+  ops = _c_ops(42)
+  dot = lambda beta, c: jax_fp8.blockwise_fp8_dot(*ops.args()[:4], c, beta=beta,
+                                                  out_dtype=out_dtype)
+  traced = jax.jit(dot)(jnp.float32(-0.3), ops.c)
+  static = dot(-0.3, ops.c)
+  assert traced.dtype == static.dtype == out_dtype
+  testing.assert_close(traced, testing.reference_f64(*ops.args(), beta=-0.3), out_dtype)
+  # d/dbeta sum(out * g) = sum(c * g); d/dc = beta * g.
+  g = jax.random.normal(jax.random.key(3), ops.c.shape, F32)
+  loss = lambda beta, c: jnp.sum(dot(beta, c).astype(F32) * g)
+  dbeta, dc = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.float32(-0.3), ops.c)
+  want = float(np.sum(np.asarray(ops.c, np.float64) * np.asarray(g, np.float64)))
+  tol = 1e-5 if out_dtype == F32 else 4e-3  # bf16 output: the cotangent is rounded to it
+  assert abs(float(dbeta) - want) <= tol * float(np.linalg.norm(np.asarray(ops.c)) *
+                                                 np.linalg.norm(np.asarray(g)))
+  testing.assert_close(dc, -0.3 * np.asarray(g, np.float64), F32, tol=tol)
+  # A learnable gate per example: beta batched under vmap.
+  betas = jnp.array([0.5, -2.0], F32)
+  out = jax.vmap(dot, in_axes=(0, None))(betas, ops.c)
+  for i, b in enumerate((0.5, -2.0)):
+    testing.assert_close(out[i], testing.reference_f64(*ops.args(), beta=b), out_dtype)
+
+
+@pytest.mark.parametrize("argnum,name", [(0, "a"), (1, "a_scale"), (2, "b"), (3, "b_scale")])
+def test_grad_through_fp8_operands_points_to_dense(argnum, name):
+  ops = _c_ops(43)
+  f = lambda *xs: jnp.sum(jax_fp8.blockwise_fp8_dot(*xs, out_dtype=F32))
+  with pytest.raises(jax_fp8.NotDifferentiableError,
+                     match=rf"derivative with respect to {name}\b.*jax_fp8\.dense"):
+    jax.grad(f, argnums=argnum)(*ops.args())
+
+
+def test_grad_through_quantised_activations_points_to_dense():
+  ops = _c_ops(44)
+  def f(x):
+    q, s = jax_fp8.quantize_1x128(x)
+    return jnp.sum(jax_fp8.blockwise_fp8_dot(q, s, ops.b, ops.b_scale, out_dtype=F32))
+  x = jax.random.normal(jax.random.key(4), ops.a.shape, F32)
+  with pytest.raises(ValueError, match="use jax_fp8.dense"):
+    jax.jit(jax.grad(f))(x)
+
+
+@pytest.mark.parametrize("backend", ["pallas_sm90", "pallas_sm100"])
+def test_per_row_b_scales_reach_the_pallas_kernels_in_interpret_mode(backend):
+  # The public API passes b_scale_rows=1 through to the kernels (GPU interpret mode).
+  ops = testing.random_operands(50, 70, 136, 300, b_scale_block=ROW, with_c=True)
+  f = lambda *xs: jax_fp8.blockwise_fp8_dot(*xs, beta=0.5, out_dtype=F32, backend=backend,
+                                            b_scale_block=ROW)
+  out = testing.run_in_gpu_interpret_mode(f, *ops.args())
+  testing.assert_close(out, testing.reference_f64(*ops.args(), beta=0.5, b_scale_block=ROW), F32)

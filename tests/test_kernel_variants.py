@@ -21,6 +21,7 @@ from conftest import requires_gpu
 
 from jax_fp8 import testing
 from jax_fp8.pallas import blackwell, hopper, sm90
+from test_quantize_kernels import model_1x128
 
 FP8 = jnp.float8_e4m3fn
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
@@ -147,23 +148,10 @@ def test_masked(arch, cfg, m, masked_m, out_dtype):
 
 
 def _quantize_1x128_model(x, power_of_two):
-  """numpy model of the 1x128 quantisation (README): scale = amax * f32(1/448),
-  or the smallest power of two p with amax <= 448 p; 1 for all-zero groups;
-  NaN/Inf show in the scale."""
-  x = np.asarray(x, np.float32)
-  m, n = x.shape
-  nb = -(-n // 128)
-  groups = np.pad(x, ((0, 0), (0, nb * 128 - n))).reshape(m, nb, 128)
-  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-    amax = np.max(np.abs(groups), axis=-1)
-    if power_of_two:
-      scale = np.exp2(np.ceil(np.log2(amax.astype(np.float64) / 448))).astype(np.float32)
-    else:
-      scale = (amax * np.float32(1 / 448)).astype(np.float32)
-    scale = np.where(scale == 0, np.float32(1), scale)
-    q = np.clip(groups / scale[..., None], -448, 448)
-  q = np.asarray(jnp.asarray(q.reshape(m, -1)[:, :n]).astype(FP8).astype(jnp.float32))
-  return q, scale
+  """The quantisation decisions in numpy (tests/test_quantize_kernels.py's model):
+  (q as float32, scales)."""
+  q, scale = model_1x128(np.asarray(x, np.float32), power_of_two)
+  return q.astype(np.float32), scale
 
 
 @pytest.mark.parametrize("arch,cfg", [

@@ -49,12 +49,10 @@ CASES = [
      jnp.float32),
     ("M_scales_replicated", (256, 384, 512), (), (P("x"), P(), P(), P()), P("x"), {}, False,
      True, jnp.bfloat16),
-    # On 8 devices 4 blocks of N cannot always be split in whole blocks, so N is
-    # split anywhere and b_scale comes replicated (one small all-gather here).
-    ("N", (200, 512, 640), (), (P(), P(), P("y"), P("y")), P(None, "y"), {"all-gather": 1},
-     False, True, jnp.float32),
-    ("MN", (256, 512, 512), (), (P("x"), P("x"), P("y"), P("y")), P("x", "y"),
-     {"all-gather": 1}, False, True, jnp.bfloat16),
+    ("N", (200, 512, 640), (), (P(), P(), P("y"), P("y")), P(None, "y"), {}, False, True,
+     jnp.float32),
+    ("MN", (256, 512, 512), (), (P("x"), P("x"), P("y"), P("y")), P("x", "y"), {}, False,
+     True, jnp.bfloat16),
     ("batch", (16, 256, 384), (2, 4), (P("x", "y"), P("x", "y"), P(), P()), P("x", "y"), {},
      False, True, jnp.float32),
     ("K", (128, 256, 1024), (), (P(None, "y"), P(None, "y"), P(None, "y"), P(None, "y")), P(),
