@@ -94,8 +94,8 @@ def lower(ctx, prim, *args, beta, out_dtype, backend, has_c, b_scale_block):
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
   axis_sizes = tuple(_mesh_of(ctx.module_context.axis_context).shape.values())
   fn = _partitioned(prim, batch_ndim=a_aval.ndim - 2, n=b_aval.shape[0], k=b_aval.shape[1],
-                    axis_sizes=axis_sizes, beta=beta, out_dtype=np.dtype(out_dtype), backend=backend,
-                    has_c=has_c, b_scale_block=tuple(b_scale_block))
+                    axis_sizes=axis_sizes, beta=beta, out_dtype=np.dtype(out_dtype),
+                    backend=backend, has_c=has_c, b_scale_block=tuple(b_scale_block))
   return lower_locally(ctx, fn, *args)
 
 
