@@ -21,6 +21,15 @@ from jax_fp8.pallas import hopper, sm90, sm100
 
 F32, BF16 = np.dtype(jnp.float32), np.dtype(jnp.bfloat16)
 KERNEL_REWRITE = "kernel rewrite (lead)"
+ON_CPU = jax.default_backend() == "cpu"
+
+
+def _tol(backend, out_dtype):
+  """The project's bound; on a GPU, "auto" runs the tensor-core kernels (about
+  14-bit sums inside a K block: README, accuracy on hardware)."""
+  if not ON_CPU and backend == "auto" and np.dtype(out_dtype) == F32:
+    return 2.5e-4
+  return None
 QUANTIZERS = {
     "1x128": lambda x, p: jax_fp8.quantize_1x128(x, power_of_two_scales=p),
     "128x128": lambda x, p: jax_fp8.quantize_128x128(x, power_of_two_scales=p),
@@ -190,7 +199,7 @@ def test_scale_product_multiplies_the_block_sum(backend):
       *ops.args()[:4])
   ref = testing.reference_f64(*ops.args()[:4])
   assert np.all(np.isfinite(ref))
-  testing.assert_close(out, ref, F32)
+  testing.assert_close(out, ref, F32, tol=_tol(backend, F32))
 
 
 def _infinite_scale_operands(which):
@@ -216,7 +225,7 @@ def test_infinite_scale_gives_inf_of_the_block_sums_sign(backend, which):
   ref = testing.reference_f64(*ops.args()[:4])
   assert np.isposinf(ref).any() and np.isneginf(ref).any() and np.isfinite(ref).any()
   assert np.isnan(ref).any()  # row 2's zero block sum times Inf
-  testing.assert_same_nonfinite_and_close(out, ref, F32)
+  testing.assert_same_nonfinite_and_close(out, ref, F32, tol=_tol(backend, F32))
 
 
 def test_reference_f64_is_the_per_block_contract():
@@ -236,9 +245,6 @@ def test_reference_f64_is_the_per_block_contract():
 def _sweep(backend, seed, out_dtype, *, with_c):
   ops = testing.edge_operands(seed, 40, 300, 300, with_c=with_c)
   beta = -0.5 if with_c else 1.0
-  # XLA on the CPU (so the reference and interpret mode) reads subnormal floats as 0.
-  ref = testing.reference_f64(*ops.args(), beta=beta, flush_subnormal_scales=True)
-  magnitude = testing.contract_magnitude(*ops.args(), beta=beta, flush_subnormal_scales=True)
   f = jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(*x, beta=beta, out_dtype=out_dtype,
                                                   backend=backend))
   if backend in ("pallas_sm90", "pallas_sm100"):
@@ -246,10 +252,20 @@ def _sweep(backend, seed, out_dtype, *, with_c):
       out = jax.block_until_ready(f(*ops.args()))
   else:
     out = f(*ops.args())
-  assert not np.all(np.isnan(ref))  # the case keeps finite entries to compare
-  # atol: subnormal float32 terms (c), which XLA on the CPU flushes to zero.
-  testing.assert_same_nonfinite_and_close(out, ref, out_dtype, magnitude=magnitude,
-                                          atol=1e-30)
+  # XLA on the CPU (so the reference and interpret mode there) reads subnormal
+  # floats as 0; a GPU may or may not: there either reading passes.
+  for flush in (True,) if ON_CPU else (True, False):
+    ref = testing.reference_f64(*ops.args(), beta=beta, flush_subnormal_scales=flush)
+    magnitude = testing.contract_magnitude(*ops.args(), beta=beta, flush_subnormal_scales=flush)
+    assert not np.all(np.isnan(ref))  # the case keeps finite entries to compare
+    try:
+      # atol: subnormal float32 terms (c), which XLA on the CPU flushes to zero.
+      testing.assert_same_nonfinite_and_close(out, ref, out_dtype, magnitude=magnitude,
+                                              tol=_tol(backend, out_dtype), atol=1e-30)
+      return
+    except AssertionError:
+      if flush is False or ON_CPU:
+        raise
 
 
 SWEEP = ([("reference", seed) for seed in range(8)] + [("auto", seed) for seed in range(2)]
@@ -323,7 +339,8 @@ def test_x64(backend):
     else:
       out = f(qx, sx, qw, sw, c)
   assert out.dtype == F32
-  testing.assert_close(out, testing.reference_f64(qx, sx, qw, sw, c, beta=0.5), F32)
+  testing.assert_close(out, testing.reference_f64(qx, sx, qw, sw, c, beta=0.5), F32,
+                       tol=_tol(backend, F32))
 
 
 @pytest.mark.parametrize("kernel", ["pallas_sm90", "pallas_sm100"])
