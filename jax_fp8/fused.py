@@ -13,7 +13,9 @@ gathers its operands (the result is right, each device computes all of it).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -72,9 +74,37 @@ def validate(a, a_scale, b, b_scale, *, activation, out_dtype, backend):
   return tuple(batch), m, f, k
 
 
-blockwise_fp8_glu_p = Primitive("blockwise_fp8_glu")
-blockwise_fp8_glu_p.multiple_results = True
-blockwise_fp8_glu_p.def_impl(functools.partial(dispatch.apply_primitive, blockwise_fp8_glu_p))
+@dataclasses.dataclass(frozen=True)
+class _Fused:
+  """One fused-epilogue operation: its primitive, the backends' op and how a
+  call's parameters become the 2-D kernel's keywords and its problem."""
+  prim: Primitive
+  op: str                        # the backend modules' function (jax_fp8.backends)
+  columns: Callable              # b's shape -> the output's columns
+
+  def problem(self, params) -> dict:
+    if self.op == OP:
+      return dict(activation=params["activation"])
+    return dict(b_scale_rows=params["b_scale_rows"])
+
+  def keywords(self, params) -> dict:
+    keys = (("activation", "out_dtype", "power_of_two_scales") if self.op == OP else
+            ("beta", "out_dtype", "power_of_two_scales", "b_scale_rows"))
+    return {k: params[k] for k in keys}
+
+
+def _make_primitive(name):
+  prim = Primitive(name)
+  prim.multiple_results = True
+  prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+  return prim
+
+
+blockwise_fp8_glu_p = _make_primitive("blockwise_fp8_glu")
+blockwise_fp8_dot_fp8_p = _make_primitive("blockwise_fp8_dot_fp8")
+_GLU = _Fused(blockwise_fp8_glu_p, OP, lambda b_shape: b_shape[0] // 2)
+_DOT = _Fused(blockwise_fp8_dot_fp8_p, "blockwise_fp8_dot", lambda b_shape: b_shape[0])
+_FUSED = {blockwise_fp8_glu_p: _GLU, blockwise_fp8_dot_fp8_p: _DOT}
 
 
 def _out_avals(batch, m, f, out_dtype):
@@ -84,67 +114,97 @@ def _out_avals(batch, m, f, out_dtype):
   return [jax.core.ShapedArray((*batch, m, f), out_dtype)]
 
 
-def _abstract_eval(a, a_scale, b, b_scale, *, activation, out_dtype, power_of_two_scales,
-                   backend):
+def _glu_abstract_eval(a, a_scale, b, b_scale, *, activation, out_dtype, power_of_two_scales,
+                       backend):
   del power_of_two_scales
   batch, m, f, _ = validate(a, a_scale, b, b_scale, activation=activation, out_dtype=out_dtype,
                             backend=backend)
   return _out_avals(batch, m, f, out_dtype)
 
 
-blockwise_fp8_glu_p.def_abstract_eval(_abstract_eval)
+def _dot_abstract_eval(a, a_scale, b, *rest, beta, out_dtype, power_of_two_scales,
+                       b_scale_rows, backend):
+  del a_scale, rest, beta, power_of_two_scales, b_scale_rows, backend  # checked before binding
+  *batch, m, _ = a.shape
+  return _out_avals(batch, m, b.shape[0], out_dtype)
 
 
-def _folded(kernel, *, activation, out_dtype, power_of_two_scales):
-  """A 2-D implementation with a's leading batch dims folded into M."""
-  def impl(a, a_scale, b, b_scale):
+blockwise_fp8_glu_p.def_abstract_eval(_glu_abstract_eval)
+blockwise_fp8_dot_fp8_p.def_abstract_eval(_dot_abstract_eval)
+
+
+def _folded(fused: _Fused, kernel, params):
+  """The 2-D kernel with a's (and c's) leading batch dims folded into M."""
+  def impl(a, a_scale, b, b_scale, *c):
     *batch, m, k = a.shape
     rows = int(np.prod(batch, dtype=np.int64)) * m
-    out = kernel(a.reshape(rows, k), a_scale.reshape(rows, -1), b, b_scale,
-                 activation=activation, out_dtype=out_dtype,
-                 power_of_two_scales=power_of_two_scales)
+    args = [a.reshape(rows, k), a_scale.reshape(rows, -1), b, b_scale]
+    if fused is _DOT:
+      args.append(c[0].reshape(rows, -1) if c else None)
+    out = kernel(*args, **fused.keywords(params))
     outs = out if isinstance(out, tuple) else (out,)
     return [x.reshape(*batch, m, x.shape[-1]) for x in outs]
   return impl
 
 
-def _select(platform, backend, a_shape, b_shape, out_dtype, activation):
+def _select(fused: _Fused, platform, a_shape, b_shape, params, has_c):
   *batch, m, k = a_shape
   rows = int(np.prod(batch, dtype=np.int64)) * m
-  return backends.select(platform, backend, OP, m=rows, n=b_shape[0] // 2, k=k,
-                         out_dtype=out_dtype, has_c=False, activation=activation)
+  return backends.select(platform, params["backend"], fused.op, m=rows, n=fused.columns(b_shape),
+                         k=k, out_dtype=params["out_dtype"], has_c=has_c,
+                         **fused.problem(params))
 
 
-def _lowering(ctx, *args, activation, out_dtype, power_of_two_scales, backend, platform):
-  _, kernel = _select(platform, backend, ctx.avals_in[0].shape, ctx.avals_in[2].shape,
-                      out_dtype, activation)
-  impl = _folded(kernel, activation=activation, out_dtype=out_dtype,
-                 power_of_two_scales=power_of_two_scales)
-  return mlir.lower_fun(impl, multiple_results=True)(ctx, *args)
+def _lowering(ctx, *args, prim, platform, **params):
+  fused = _FUSED[prim]
+  _, kernel = _select(fused, platform, ctx.avals_in[0].shape, ctx.avals_in[2].shape, params,
+                      has_c=len(args) > 4)
+  return mlir.lower_fun(_folded(fused, kernel, params), multiple_results=True)(ctx, *args)
 
 
-for _platform in ("cpu", "cuda"):
-  mlir.register_lowering(blockwise_fp8_glu_p, functools.partial(_lowering, platform=_platform),
-                         platform=_platform)
-
-
-def _batching_rule(args, dims, **params):
-  if dims[2] is None and dims[3] is None:
-    # Shared weights: the vmapped axis becomes a leading batch dim of a (folded into M).
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-    a, a_scale = (jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-                  for x, d in zip(args[:2], dims[:2]))
-    outs = blockwise_fp8_glu_p.bind(a, a_scale, args[2], args[3], **params)
-    return outs, [0] * len(outs)
-  # A weight per batch element: one call each.
+def _batching_rule(args, dims, *, prim, **params):
   size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-  xs = [jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-        for x, d in zip(args, dims)]
-  outs = lax.map(lambda x: tuple(blockwise_fp8_glu_p.bind(*x, **params)), tuple(xs))
+  front = lambda x, d: jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+  if dims[2] is None and dims[3] is None:
+    # Shared weights: the vmapped axis becomes a leading batch dim of a (and c),
+    # folded into M: one call.
+    new = [x if i in (2, 3) else front(x, d) for i, (x, d) in enumerate(zip(args, dims))]
+    outs = prim.bind(*new, **params)
+  else:  # a weight per batch element: one call each
+    outs = lax.map(lambda xs: tuple(prim.bind(*xs, **params)),
+                   tuple(front(x, d) for x, d in zip(args, dims)))
   return list(outs), [0] * len(outs)
 
 
-batching.primitive_batchers[blockwise_fp8_glu_p] = _batching_rule
+for _prim in _FUSED:
+  for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(_prim, functools.partial(_lowering, prim=_prim, platform=_platform),
+                           platform=_platform)
+  batching.primitive_batchers[_prim] = functools.partial(_batching_rule, prim=_prim)
+
+
+def _call(fused: _Fused, operands, params):
+  """Binds the primitive, or in GPU interpret mode calls the kernel directly (its
+  io_callbacks' effects cannot go through a primitive's lowering; jit still applies)."""
+  a, _, b = operands[:3]
+  if params["backend"] in backends.PALLAS and device.interpret_mode_active():
+    _, kernel = _select(fused, "cpu", a.shape, b.shape, params, has_c=len(operands) > 4)
+    outs = _folded(fused, kernel, params)(*operands)
+  else:
+    outs = fused.prim.bind(*operands, **params)
+  return tuple(outs) if len(outs) == 2 else outs[0]
+
+
+def blockwise_fp8_dot_fp8(a, a_scale, b, b_scale, c, *, beta, power_of_two_scales, backend,
+                          b_scale_rows):
+  """blockwise_fp8_dot with out_dtype float8_e4m3fn (arguments checked there):
+  (q [..., M, N] e4m3, scale [..., M, ceil(N/128)] f32), quantised 1x128 in the
+  epilogue from the float32 result (+ beta * c)."""
+  params = dict(beta=float(beta), out_dtype=np.dtype(FP8),
+                power_of_two_scales=bool(power_of_two_scales), b_scale_rows=b_scale_rows,
+                backend=backend)
+  operands = (a, a_scale, b, b_scale) + (() if c is None else (c,))
+  return _call(_DOT, operands, params)
 
 
 def blockwise_fp8_glu(a, a_scale, b, b_scale, *, activation: str = "silu",
@@ -170,12 +230,4 @@ def blockwise_fp8_glu(a, a_scale, b, b_scale, *, activation: str = "silu",
   validate(a, a_scale, b, b_scale, activation=activation, out_dtype=out_dtype, backend=backend)
   params = dict(activation=activation, out_dtype=np.dtype(out_dtype),
                 power_of_two_scales=bool(power_of_two_scales), backend=backend)
-  if backend in backends.PALLAS and device.interpret_mode_active():
-    # GPU interpret mode: call the kernel directly (its io_callbacks' effects
-    # cannot go through a primitive's lowering); jit still applies.
-    _, kernel = _select("cpu", backend, a.shape, b.shape, params["out_dtype"], activation)
-    outs = _folded(kernel, activation=activation, out_dtype=params["out_dtype"],
-                   power_of_two_scales=params["power_of_two_scales"])(a, a_scale, b, b_scale)
-  else:
-    outs = blockwise_fp8_glu_p.bind(a, a_scale, b, b_scale, **params)
-  return tuple(outs) if len(outs) == 2 else outs[0]
+  return _call(_GLU, (a, a_scale, b, b_scale), params)

@@ -22,6 +22,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_fp8 import backends
+from jax_fp8 import fused
 from jax_fp8 import sharding
 from jax_fp8.pallas import device
 from jax_fp8.quantize import FP8, num_blocks
@@ -34,6 +35,13 @@ B_SCALE_BLOCKS = ((128, 128), (1, 128))
 
 def _shape(x):
   return tuple(x.shape)
+
+
+def _is_fp8(out_dtype) -> bool:
+  try:
+    return np.dtype(out_dtype) == np.dtype(FP8)
+  except TypeError:
+    return False
 
 
 def is_static_beta(beta) -> bool:
@@ -132,7 +140,7 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend,
   except TypeError:
     dt = None
   if dt not in OUT_DTYPES:
-    raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    raise TypeError(f"out_dtype must be bfloat16, float32 or float8_e4m3fn, got {out_dtype}")
   if backend not in backends.NAMES:
     raise ValueError(f"backend must be one of {backends.NAMES}, got {backend!r}")
   return tuple(batch), m, n, k
@@ -298,7 +306,7 @@ ad.primitive_jvps[blockwise_fp8_dot_p] = _jvp_rule
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta=1.0,
                       out_dtype=jnp.bfloat16, backend: str = "auto",
-                      b_scale_block=(128, 128)) -> jax.Array:
+                      b_scale_block=(128, 128), power_of_two_scales: bool = False):
   """DeepSeek-style blockwise-scaled FP8 matmul.
 
   Args:
@@ -313,22 +321,33 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta=1.0,
     beta: multiplier of c: a Python real number (static, fused into the kernel)
       or a scalar array (may be traced, e.g. a learnable gate; then
       out + beta * c is added in float32 after the kernel).
-    out_dtype: jnp.bfloat16 or jnp.float32.
+    out_dtype: jnp.bfloat16 or jnp.float32; or jnp.float8_e4m3fn: the result
+      quantised 1x128 in the kernel's epilogue (the next layer's input), returned
+      as (q, scale).
     backend: "auto", "reference", "pallas_sm90", "pallas_sm100" or "ffi".
     b_scale_block: (128, 128) or (1, 128), see b_scale.
+    power_of_two_scales: with an FP8 output, its scales are powers of two.
 
   Returns:
     [..., M, N] out_dtype: sum over K blocks of (a_blk @ b_blk.T) * a_scale *
-    b_scale, accumulated in float32, plus beta * c.
+    b_scale, accumulated in float32, plus beta * c. With out_dtype
+    float8_e4m3fn: (q [..., M, N] e4m3, scale [..., M, ceil(N/128)] f32).
 
   Differentiable with respect to c and an array beta only; see jax_fp8.dense
   for gradients of an FP8 matmul.
   """
   a, a_scale, b, b_scale, c = (_as_array(x, name) for x, name in zip(
       (a, a_scale, b, b_scale, c), ("a", "a_scale", "b", "b_scale", "c")))
-  validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype, backend=backend,
-           b_scale_block=b_scale_block)
+  fp8_out = _is_fp8(out_dtype)
+  validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=jnp.float32 if fp8_out else out_dtype,
+           backend=backend, b_scale_block=b_scale_block)
   b_scale_block = canonical_b_scale_block(b_scale_block)
+  if fp8_out:
+    if not is_static_beta(beta):
+      raise TypeError("beta must be a Python real number (static) with an FP8 output")
+    return fused.blockwise_fp8_dot_fp8(a, a_scale, b, b_scale, c, beta=beta,
+                                       power_of_two_scales=power_of_two_scales,
+                                       backend=backend, b_scale_rows=b_scale_block[0])
   out_dtype = np.dtype(out_dtype)
   if not is_static_beta(beta):
     # A traced beta cannot reach the kernels' epilogue (it is compiled in):

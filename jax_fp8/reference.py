@@ -36,10 +36,12 @@ def b_scale_per_row(b_scale, n: int, b_scale_rows: int = 128) -> jax.Array:
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
-                      out_dtype=jnp.bfloat16, b_scale_rows: int = 128) -> jax.Array:
+                      out_dtype=jnp.bfloat16, b_scale_rows: int = 128,
+                      power_of_two_scales: bool = False) -> jax.Array:
   """a [..., M, K], b [N, K] -> [..., M, N]; see jax_fp8.blockwise_fp8_dot.
 
   b_scale_rows: 128 for 128x128 b scales, 1 for per-row b scales [N, ceil(K/128)].
+  out_dtype float8_e4m3fn: (q, scale), the float32 result quantised 1x128.
   M and the batch dims may be symbolic (jax.export); N and K are static.
   """
   *batch, m, k = a.shape
@@ -60,6 +62,9 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
   acc, _ = lax.scan(step, jnp.zeros((a_scale.shape[1], n), jnp.float32), blocks)
   if c is not None:
     acc = acc + jnp.float32(beta) * c.reshape(-1, n).astype(jnp.float32)
+  if jnp.dtype(out_dtype) == jnp.dtype(quantize.FP8):
+    q, scale = quantize.quantize_1x128(acc, power_of_two_scales=power_of_two_scales)
+    return q.reshape(*batch, m, n), scale.reshape(*batch, m, scale.shape[-1])
   return acc.astype(out_dtype).reshape(*batch, m, n)
 
 

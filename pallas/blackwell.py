@@ -336,7 +336,7 @@ def quantize_pieces(vals, epi_n: int, power_of_two: bool, store_scale):
     bits = functools.reduce(jnp.maximum, [jnp.max(quant_math.magnitude_bits(v), axis=-1)
                                           for v in group])
     scale = quant_math.scale(quant_math.as_amax(bits, jnp.float32), power_of_two,
-                             plgpu.Layout.TCGEN05.reduce(1))
+                             plgpu.Layout.TCGEN05)
     store_scale(g // per_group, scale)
     out += [quant_math.quantize(v, lax.broadcast_in_dim(scale, v.shape, [0]),
                                 plgpu.Layout.TCGEN05) for v in group]

@@ -491,8 +491,7 @@ class _Warpgroup:
         # FP8 output: a piece is a whole 128-column chunk, one 1x128 group per row.
         dst, s_gmem = out_gmem
         layout = plgpu.Layout.WGMMA
-        scale = quant_math.scale(quant_math.row_amax(val), self.prob.power_of_two,
-                                 layout.reduce(1))
+        scale = quant_math.scale(quant_math.row_amax(val), self.prob.power_of_two, layout)
         val = quant_math.quantize(val, lax.broadcast_in_dim(scale, val.shape, [0]), layout)
         s_gmem.at[tile.out_group, lax.div(cols.start, i32(SCALE_N)), rows][...] = scale
       stores.store(i, val, dst.at[tile.out_group, rows, cols])

@@ -152,7 +152,7 @@ def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> Hopper
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                    c_dtype=None, b_scale_rows: int = SCALE_N, groups: int = 1,
-                   grouped: bool = False) -> HopperConfig:
+                   grouped: bool = False, row_masks: bool = False) -> HopperConfig:
   """Tiling heuristic by shape (from H100 measurements of the DeepSeek-V3 shapes).
 
   - M <= 128 (decode): bandwidth-bound; with K >= 4096 and N too narrow to
@@ -226,10 +226,12 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       if chains_tiles(chained, m, n, k, groups):
         return chained
     tiles = _LARGE_M_TILES
-    if b_scale_rows == 1:
-      # Per-row b scales: a column factor per chunk column, next to the row
-      # factors; tiles whose warpgroups hold one chunk leave registers for it.
-      tiles = [t for t in tiles if _chunks_per_warpgroup(*t[:4]) == 1]
+    if b_scale_rows == 1 or row_masks:
+      # Per-row b scales (a column factor per chunk column next to the row
+      # factors) and ragged groups (row masks, a K-pass loop around the K loop)
+      # spill with two chunks per warpgroup: tiles of one chunk, of two consumer
+      # warpgroups (232 registers each, not three's 152), leave the registers.
+      tiles = [t for t in tiles if _chunks_per_warpgroup(*t[:4]) == 1 and t[3] == 2]
     tm, tn, split, consumers, _ = max(tiles, key=score)
     max_stages = _ring_stages(tm, tn)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order,

@@ -87,10 +87,24 @@ def _pow2_scale(amax):
 
 
 def scale(amax, power_of_two: bool, layout):
-  """The float32 group scale of each amax (NaN and Inf pass through); amax in `layout`."""
+  """The float32 group scale of each amax (NaN and Inf pass through).
+
+  amax: one value per row, in `layout`.reduce(1) (layout: the rows' 2-D register
+  layout, plgpu.Layout.WGMMA or TCGEN05).
+  """
   if power_of_two:
     return jnp.where(amax < jnp.inf, _pow2_scale(amax), amax)  # amax >= 0: NaN, Inf fail
-  s = exact_div(amax, jnp.full(amax.shape, E4M3_MAX, jnp.float32), layout)
+  # div.rn.f32 of a row layout, or of a constant (splat) operand, does not
+  # compile (LLVM translation of their casts): divide the rows broadcast to an
+  # (rows, 8) array, the narrowest of the 2-D layout, by a 448 computed from
+  # amax's bits (the compiler cannot fold it into a constant), and take a row's
+  # (equal) values back with a NaN-keeping max.
+  bits = lax.bitcast_convert_type(amax, jnp.int32)   # amax >= 0: the sign bit is 0
+  e4m3_max = lax.bitcast_convert_type(
+      lax.shift_right_logical(bits, 31) + np.float32(E4M3_MAX).view(np.int32), jnp.float32)
+  wide = lax.broadcast_in_dim(amax, (amax.shape[0], 8), [0])
+  s = exact_div(wide, lax.broadcast_in_dim(e4m3_max, wide.shape, [0]), layout)
+  s = as_amax(jnp.max(magnitude_bits(s), axis=1), jnp.float32)
   return jnp.where(s < MIN_NORMAL, 1.0, s)  # NaN < x is false: NaN stays
 
 

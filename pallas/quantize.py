@@ -192,7 +192,8 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
     # The scale arithmetic runs on arrays (inline PTX and bitcasts take no
     # scalars): the block's amax in every row of a chunk-row vector.
     block_bits = plgpu.layout_cast(jnp.full((CHUNK,), jnp.max(row_bits)), _ROW_LAYOUT)
-    block_scale = quant_math.scale(quant_math.as_amax(block_bits, x_smem.dtype), pow2, _ROW_LAYOUT)
+    block_scale = quant_math.scale(quant_math.as_amax(block_bits, x_smem.dtype), pow2,
+                                   _CHUNK_LAYOUT)
     scale_value = jnp.max(block_scale)  # all equal; max.NaN keeps a NaN
     if device.interpret_mode_active():
       # XLA's CPU max reduction can drop NaN.
@@ -209,7 +210,7 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
         scale = lax.broadcast_in_dim(block_scale, v.shape, [0])
       else:
         amax = quant_math.as_amax(jnp.max(quant_math.magnitude_bits(v), axis=1), v.dtype)
-        row_scale = quant_math.scale(amax, pow2, _ROW_LAYOUT)
+        row_scale = quant_math.scale(amax, pow2, _CHUNK_LAYOUT)
         # This chunk's rows are x's columns c (transposed) or rows r; its group
         # is x's row group r // 128 (transposed) or column group c // 128.
         if transposed:

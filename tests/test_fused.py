@@ -92,3 +92,28 @@ def test_gpu_deepseek_v3_mlp_input(m):
   q, s = jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(*x, out_dtype=FP8))(
       ops.a, ops.a_scale, ops.b, ops.b_scale)
   assert testing.rel_error(jax_fp8.dequantize_1x128(q, s), ACT["silu"](gate) * up) < 0.05
+
+
+@pytest.mark.parametrize("backend", ["reference", "pallas_sm90", "pallas_sm100"])
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_dot_fp8_output_is_its_float32_result_quantised(backend, power_of_two):
+  """blockwise_fp8_dot(..., out_dtype=float8_e4m3fn) -> (q, scale): the float32
+  result (+ beta * c) quantised 1x128 (the decisions' numpy model), bit for bit."""
+  from test_quantize_kernels import model_1x128
+  ops = testing.random_operands(8, 70, 300, 300, with_c=True, batch=(2,))
+  call = lambda out_dtype: jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(
+      *x, beta=0.5, out_dtype=out_dtype, backend=backend, power_of_two_scales=power_of_two))
+  with testing.gpu_interpret_mode(uninitialized_memory="nan"):
+    q, s = jax.block_until_ready(call(FP8)(*ops.args()))
+    y = jax.block_until_ready(call(jnp.float32)(*ops.args()))
+  assert q.dtype == FP8 and q.shape == (2, 70, 300) and s.shape == (2, 70, 3)
+  want_q, want_s = model_1x128(np.asarray(y, np.float32).reshape(140, 300), power_of_two)
+  np.testing.assert_array_equal(np.asarray(s).reshape(140, 3), want_s)
+  np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)).reshape(140, 300),
+                                want_q.astype(np.float32))
+
+
+def test_dot_fp8_output_needs_a_static_beta():
+  ops = testing.random_operands(9, 8, 128, 128, with_c=True)
+  with pytest.raises(TypeError, match="static"):
+    jax_fp8.blockwise_fp8_dot(*ops.args(), beta=jnp.float32(0.5), out_dtype=FP8)

@@ -505,7 +505,7 @@ def test_api_explicit_sharding_is_not_for_the_kernel():
 @requires_gpu(major=9)
 def test_api_auto_uses_the_kernel_gpu():
   import jax_fp8
-  x = random_input((2, 4096, 7168), BF16, seed=24)
+  x = random_input((2 * 4096, 7168), BF16, seed=24).reshape(2, 4096, 7168)
   text = jax.jit(jax_fp8.quantize_1x128).trace(x).lower().as_text()
   assert "mosaic_gpu" in text
   q, s = jax.jit(jax_fp8.quantize_1x128)(x)
