@@ -30,6 +30,8 @@ import importlib
 import inspect
 from typing import Callable
 
+import numpy as np
+
 from jax_fp8.pallas import device
 
 
@@ -45,6 +47,7 @@ class Backend:
   arch: Callable[[tuple[int, int]], bool] | None = None   # None: any platform
   needs: str = ""                              # what `arch` asks for, in words
   interpretable: bool = False                  # runs on the CPU in Pallas GPU interpret mode
+  symbolic_shapes: bool = False                # takes symbolic M (jax.export shape polymorphism)
 
   def reason_unavailable(self, platform: str) -> str | None:
     """Why this backend cannot run on `platform` here (device and mode), or None."""
@@ -73,7 +76,7 @@ BACKENDS = {b.name: b for b in (
             "an NVIDIA Blackwell GPU (compute capability 10.x, sm_100a)", interpretable=True),
     Backend("ffi", "jax_fp8.ffi", lambda cc: cc >= (8, 9),
             "an NVIDIA GPU with FP8 tensor cores (compute capability >= 8.9)"),
-    Backend("reference", "jax_fp8.reference"),
+    Backend("reference", "jax_fp8.reference", symbolic_shapes=True),
 )}
 NAMES = ("auto", *BACKENDS)
 # Problem keywords that an op's kernel function also receives, with the value
@@ -97,6 +100,11 @@ def _reason_unavailable(backend: Backend, platform: str, op: str, problem: dict)
   reason = backend.reason_unavailable(platform)
   if reason is not None:
     return reason
+  symbolic = [f"{d.upper()} = {problem[d]}" for d in ("m", "n", "k") if not is_static(problem[d])]
+  if symbolic and not backend.symbolic_shapes:
+    return (f"backend={backend.name!r} needs static shapes, but {', '.join(symbolic)} is "
+            "symbolic (jax.export shape polymorphism); export one static shape per size, or "
+            "use backend='reference'")
   module, import_error = _module(backend.name)
   if module is None:
     return f"backend={backend.name!r} is unavailable: {import_error}"
@@ -108,6 +116,11 @@ def _reason_unavailable(backend: Backend, platform: str, op: str, problem: dict)
     reason = f"its {op} kernel does not take " + ", ".join(
         f"{key}={problem[key]!r}" for key in missing)
   return None if reason is None else f"backend={backend.name!r} cannot run this call: {reason}"
+
+
+def is_static(dim) -> bool:
+  """False for a symbolic dimension (jax.export), which only the reference can take."""
+  return isinstance(dim, (int, np.integer))
 
 
 def _missing_keywords(fn, op: str, problem: dict) -> list[str]:
@@ -129,7 +142,7 @@ def select(platform: str, backend: str, op: str = "blockwise_fp8_dot", **problem
   problem: m, n, k, out_dtype, has_c and what else the op's kernels need to
   decide (every backend module's unsupported_reason takes them by keyword).
   """
-  if min(problem["m"], problem["n"], problem["k"]) == 0:
+  if any(is_static(problem[d]) and problem[d] == 0 for d in ("m", "n", "k")):
     backend = "reference"  # Empty problems have nothing to launch.
   if backend == "auto":
     # Off the GPU only what runs natively there: interpret mode is for explicit kernels.

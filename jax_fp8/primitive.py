@@ -9,7 +9,9 @@ forward pass and runs the FP8 backward GEMMs itself.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +70,9 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend,
   or ValueError (shapes, values) whose message names the argument and the rule.
   beta is a Python real number (static) or a scalar array (traced).
   """
+  for name, x in (("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale)):
+    if not hasattr(x, "dtype"):
+      raise TypeError(f"{name} must be an array, got {type(x).__name__}")
   if np.dtype(a.dtype) != np.dtype(FP8):
     raise TypeError(f"a must be float8_e4m3fn, got {a.dtype}")
   if np.dtype(b.dtype) != np.dtype(FP8):
@@ -81,6 +86,9 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend,
     raise ValueError(f"b must be 2-D [N, K], got shape {_shape(b)}")
   *batch, m, k = _shape(a)
   n, kb_ = _shape(b)
+  if not all(isinstance(d, (int, np.integer)) for d in (n, kb_, k)):
+    raise ValueError(f"N and K must be static (only M and the batch dims of a may be symbolic "
+                     f"under jax.export), got a of shape {_shape(a)} and b of shape {_shape(b)}")
   if kb_ != k:
     raise ValueError(f"K mismatch: a is {_shape(a)} (K={k}) but b is {_shape(b)} (K={kb_}); "
                      "b must be [N, K] with the same K as a")
@@ -102,6 +110,8 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend,
       raise ValueError(f"b_scale must have shape (ceil(N/128), ceil(K/128)) = {want} "
                        f"(one scale per 128x128 block of b), got {_shape(b_scale)}")
   if c is not None:
+    if not hasattr(c, "dtype"):
+      raise TypeError(f"c must be an array or None, got {type(c).__name__}")
     if not jnp.issubdtype(c.dtype, jnp.floating):
       raise TypeError(f"c must be a floating-point array, got {c.dtype}")
     if _shape(c) != (*batch, m, n):
@@ -113,6 +123,9 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend,
   if is_static_beta(beta):
     if not np.isfinite(beta):
       raise ValueError(f"beta must be finite, got {beta}")
+    if abs(beta) > float(np.finfo(np.float32).max):
+      raise ValueError(f"beta must be finite in float32 (|beta| <= "
+                       f"{np.finfo(np.float32).max:.8g}), the precision c is scaled in; got {beta}")
     if c is None and beta != 1.0:
       raise ValueError(f"beta={beta} was given but c is None; beta scales the residual c")
   else:
@@ -179,7 +192,7 @@ def _folded(kernel, *, beta, out_dtype, b_scale_rows=128):
   def impl(a, a_scale, b, b_scale, c=None):
     *batch, m, k = a.shape
     n = b.shape[0]
-    rows = int(np.prod(batch, dtype=np.int64)) * m
+    rows = math.prod(batch) * m  # may be symbolic (jax.export)
     out = kernel(a.reshape(rows, k), a_scale.reshape(rows, a_scale.shape[-1]), b, b_scale,
                  None if c is None else c.reshape(rows, n), beta=beta, out_dtype=out_dtype,
                  **extra)
@@ -195,12 +208,33 @@ def _lowering(ctx, *args, beta, out_dtype, backend, has_c, b_scale_block, platfo
                           backend=backend, has_c=has_c, b_scale_block=b_scale_block)
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
   *batch, m, k = a_aval.shape
-  rows = int(np.prod(batch, dtype=np.int64)) * m
+  rows = math.prod(batch) * m  # may be symbolic (jax.export)
   keywords = _kernel_keywords(b_scale_block)
-  _, kernel = backends.select(platform, backend, m=rows, n=b_aval.shape[0], k=k,
-                              out_dtype=out_dtype, has_c=has_c, **keywords)
+  name, kernel = backends.select(platform, backend, m=rows, n=b_aval.shape[0], k=k,
+                                 out_dtype=out_dtype, has_c=has_c, **keywords)
+  _warn_about_export_choice(ctx, platform, backend, name, rows)
   impl = _folded(kernel, beta=beta, out_dtype=out_dtype, **keywords)
   return sharding.lower_locally(ctx, impl, *args)
+
+
+def _warn_about_export_choice(ctx, platform, backend, chosen, rows):
+  """backend="auto" lowered for CUDA on a machine without a GPU picks a kernel by an
+  assumed compute capability, and a symbolic M falls back to the reference: both are
+  fixed into exported code, so say so."""
+  if backend != "auto" or platform != "cuda":
+    return
+  if not backends.is_static(rows) and chosen == "reference":
+    warnings.warn(
+        f"blockwise_fp8_dot: M = {rows} is symbolic, and the GPU kernels need static shapes: "
+        "the exported code runs the reference (jnp) path on the GPU. Export with a static M "
+        "(one export per size) for the Pallas kernels.", stacklevel=2)
+  elif device.compute_capability() is None and ctx.module_context.lowering_parameters.for_export:
+    cc = device.target_compute_capability()
+    warnings.warn(
+        f"blockwise_fp8_dot: lowering for CUDA without a GPU here; backend='auto' assumed "
+        f"compute capability {cc[0]}.{cc[1]} and embeds the {chosen!r} kernel, which runs only "
+        "on GPUs of that generation. Pass backend= explicitly to choose (backend='reference' "
+        "runs on any GPU).", stacklevel=2)
 
 
 for _platform in ("cpu", "cuda"):
@@ -228,6 +262,16 @@ def _batching_rule(args, dims, **params):
 
 
 batching.primitive_batchers[blockwise_fp8_dot_p] = _batching_rule
+
+
+def _as_array(x, name):
+  """Array-likes (lists, scalars) as arrays; None stays None (only c may be None)."""
+  if x is None or hasattr(x, "dtype"):
+    return x
+  try:
+    return jnp.asarray(x)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{name} must be an array, got {type(x).__name__} ({e})") from None
 
 
 class NotDifferentiableError(ValueError):
@@ -292,8 +336,8 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta=1.0,
   Differentiable with respect to c and an array beta only; see jax_fp8.dense
   for gradients of an FP8 matmul.
   """
-  a, a_scale, b, b_scale = (jnp.asarray(x) if not hasattr(x, "dtype") else x
-                            for x in (a, a_scale, b, b_scale))
+  a, a_scale, b, b_scale, c = (_as_array(x, name) for x, name in zip(
+      (a, a_scale, b, b_scale, c), ("a", "a_scale", "b", "b_scale", "c")))
   fp8_out = _is_fp8(out_dtype)
   validate(a, a_scale, b, b_scale, c, beta=beta, out_dtype=jnp.float32 if fp8_out else out_dtype,
            backend=backend, b_scale_block=b_scale_block)
@@ -318,7 +362,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta=1.0,
     # none for it): call the kernel directly, batch dims folded into M. This
     # is the CPU/CI path of the Pallas kernels; jit and vmap still apply.
     *batch, m, k = a.shape
-    rows = int(np.prod(batch, dtype=np.int64)) * m
+    rows = math.prod(batch) * m
     keywords = _kernel_keywords(b_scale_block)
     _, kernel = backends.select("cpu", backend, m=rows, n=b.shape[0], k=k, out_dtype=out_dtype,
                                 has_c=c is not None, **keywords)

@@ -4,13 +4,29 @@ Activations use 1x128 groups along K (one scale per row per K block); weights
 use 128x128 blocks. A scale multiplies: value = q * scale. The scale of a group
 is amax / 448 (448 is the largest finite float8_e4m3fn), so the group's largest
 element maps to +-448 exactly.
+
+The rules, which every quantiser of the project (these jnp ones are the
+reference; fused kernels must agree bitwise on scales) follows:
+- amax = max |x| over the group, NaN-propagating (`group_amax`).
+- scale = amax / 448 in float32 (a true division); a scale below float32's
+  normal range (an all-zero group, or amax / 448 < 2^-126, which XLA on the CPU
+  flushes to zero anyway) is 1.
+- power_of_two_scales: the smallest power of two 2^e >= 2^-126 with
+  amax <= 448 * 2^e, built from amax's exponent bits (exact); an all-zero group
+  gets 1. Being normal, such a scale's float32 exponent field is its UE8M0 code.
+- q = clip(x / scale, -448, 448) as float8_e4m3fn (round to nearest even).
+- Non-finite input: a group holding a NaN gets scale NaN (its q are NaN); one
+  holding +-Inf but no NaN gets scale +Inf (its finite q are 0, the Inf ones
+  NaN). A non-finite input always shows in its group's scale.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jax_fp8.backends import BackendUnavailableError
@@ -19,6 +35,11 @@ from jax_fp8.pallas import device
 BLOCK = 128
 E4M3_MAX = 448.0
 FP8 = jnp.float8_e4m3fn
+MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 2^-126
+
+_ABS_BITS = 0x7FFFFFFF       # float32 without its sign bit
+_MANTISSA_BITS = 0x7FFFFF
+_MANTISSA_OF_1_75 = 0x600000  # 448 = 1.75 * 2^8
 
 
 def num_blocks(n: int) -> int:
@@ -34,14 +55,49 @@ def _pad_to_block(x: jax.Array, axis: int) -> jax.Array:
   return jnp.pad(x, widths)
 
 
-def _scale_from_amax(amax: jax.Array, power_of_two: bool) -> jax.Array:
-  scale = amax / E4M3_MAX
-  # An all-zero (or all-underflowing) group gets scale 1: finite, and q = 0.
-  scale = jnp.where(scale > 0, scale, jnp.ones_like(scale))
-  if power_of_two:
-    # Round up so that amax / scale stays <= 448 (UE8M0-compatible scales).
-    scale = jnp.exp2(jnp.ceil(jnp.log2(scale)))
-  return scale
+def _divide(x: jax.Array, divisor) -> jax.Array:
+  """x / divisor, a true (correctly rounded) float32 division.
+
+  XLA rewrites a division by a constant or a broadcast as a multiplication by
+  the rounded reciprocal, which rounds twice. A select of the divisor is
+  neither, fuses the same, and changes no value (a NaN x gives NaN anyway).
+  """
+  return x / jnp.where(jnp.isnan(x), jnp.float32(jnp.nan), divisor)
+
+
+def group_amax(x: jax.Array, axis) -> jax.Array:
+  """max |x| over `axis` of float32 x; NaN if any element is NaN, else Inf if any is +-Inf.
+
+  Compared as integers: float32 magnitudes order like their bit patterns, and
+  every NaN pattern lies above +Inf's. Unlike a float max this propagates NaN
+  on every platform and sees subnormals where XLA on the CPU treats them as 0.
+  """
+  bits = lax.bitcast_convert_type(x, jnp.int32) & _ABS_BITS
+  amax = lax.bitcast_convert_type(jnp.max(bits, axis=axis), jnp.float32)
+  return jnp.where(jnp.isnan(amax), jnp.float32(jnp.nan), amax)  # one canonical NaN
+
+
+def scale_from_amax(amax: jax.Array, power_of_two: bool) -> jax.Array:
+  """The float32 scale of groups with float32 `amax` (the rules in the module docstring)."""
+  if not power_of_two:
+    scale = _divide(amax, jnp.float32(E4M3_MAX))
+    # Zero or subnormal: 1 (NaN < x is false: NaN and Inf stay).
+    return jnp.where(scale < MIN_NORMAL, jnp.float32(1.0), scale)
+  bits = lax.bitcast_convert_type(amax, jnp.int32)
+  exponent = bits >> 23                      # biased; amax >= 0, so no sign bit
+  mantissa = bits & _MANTISSA_BITS
+  # amax = 1.m * 2^E <= 1.75 * 2^(e + 8) exactly when e >= E - 8 (1.m <= 1.75)
+  # or e >= E - 7; the same in biased exponents. Subnormal amax: the clamp.
+  biased = exponent - 8 + (mantissa > _MANTISSA_OF_1_75).astype(jnp.int32)
+  biased = jnp.maximum(biased, 1)            # 2^-126 at least: a normal float32
+  scale = lax.bitcast_convert_type(biased << 23, jnp.float32)
+  scale = jnp.where(bits == 0, jnp.float32(1.0), scale)
+  return jnp.where(jnp.isfinite(amax), scale, amax)   # Inf -> Inf, NaN -> NaN
+
+
+def _to_e4m3(x: jax.Array, scale: jax.Array) -> jax.Array:
+  """clip(x / scale, -448, 448) as e4m3, scale broadcast against x."""
+  return jnp.clip(_divide(x, scale), -E4M3_MAX, E4M3_MAX).astype(FP8)
 
 
 def _check_float(x, name: str):
@@ -49,35 +105,93 @@ def _check_float(x, name: str):
     raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}")
 
 
+def _as_array(x, name: str) -> jax.Array:
+  try:
+    return x if isinstance(x, jax.Array) else jnp.asarray(x)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{name} must be an array (or array-like), got {type(x).__name__}: {e}")
+
+
+# ----------------------------------------------------- sharded inputs (Explicit axes)
+
+def _explicit_axes(x) -> list[tuple[str, ...]] | None:
+  """The mesh axes of each dimension of x if any is an Explicit one, else None."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty or not mesh.explicit_axes:
+    return None
+  spec = list(sharding.spec) + [None] * (x.ndim - len(sharding.spec))
+  axes = [tuple(e) if isinstance(e, (tuple, list)) else (() if e is None else (e,))
+          for e in spec]
+  explicit = set(mesh.explicit_axes)
+  return axes if any(ax in explicit for entry in axes for ax in entry) else None
+
+
+def _spec(axes) -> jax.sharding.PartitionSpec:
+  return jax.sharding.PartitionSpec(
+      *(None if not e else (e[0] if len(e) == 1 else e) for e in axes))
+
+
+def _on_explicit_mesh(fn, x, blocked_dims, scale_shape):
+  """fn(x) -> (q, scale). Under Explicit mesh axes, computed with those axes
+  made Auto (the group reshapes cut shards apart): q sharded like x, the scale
+  keeping a dimension's axes where its blocks divide evenly over them (a shard
+  of 2816 rows over 4 devices holds 5.5 blocks: replicated)."""
+  axes = _explicit_axes(x)
+  if axes is None:
+    return fn(x)
+  sizes = dict(jax.typeof(x).sharding.mesh.shape)
+  scale_axes = [() if d in blocked_dims and scale_shape[d] % math.prod(sizes[a] for a in e)
+                else e for d, e in enumerate(axes)]
+  return jax.sharding.auto_axes(fn, out_sharding=(_spec(axes), _spec(scale_axes)))(x)
+
+
+def _dequantize_on_explicit_mesh(fn, q, scale):
+  """fn(q, scale) -> out, sharded like q under Explicit mesh axes (the scale's
+  repeat cannot follow a sharded block dimension)."""
+  if _explicit_axes(q) is None and _explicit_axes(scale) is None:
+    return fn(q, scale)
+  axes = _explicit_axes(q) or [()] * q.ndim
+  return jax.sharding.auto_axes(fn, out_sharding=_spec(axes))(q, scale)
+
+
+# ----------------------------------------------------------------- quantisers
+
 def quantize_1x128(x: jax.Array, *, power_of_two_scales: bool = False):
   """x [..., K] -> (q [..., K] float8_e4m3fn, scale [..., ceil(K/128)] float32)."""
-  x = jnp.asarray(x)
+  x = _as_array(x, "x")
   _check_float(x, "x")
   if x.ndim < 1:
     raise ValueError(f"x must have at least 1 dimension (the K axis), got shape {x.shape}")
   k = x.shape[-1]
-  xf = _pad_to_block(x.astype(jnp.float32), -1)
-  groups = xf.reshape(*x.shape[:-1], num_blocks(k), BLOCK)
-  amax = jnp.max(jnp.abs(groups), axis=-1)
-  scale = _scale_from_amax(amax, power_of_two_scales)
-  q = jnp.clip(groups / scale[..., None], -E4M3_MAX, E4M3_MAX).astype(FP8)
-  return q.reshape(xf.shape)[..., :k], scale
+
+  def quantize(x):
+    xf = _pad_to_block(x.astype(jnp.float32), -1)
+    groups = xf.reshape(*x.shape[:-1], num_blocks(k), BLOCK)
+    scale = scale_from_amax(group_amax(groups, -1), power_of_two_scales)
+    q = _to_e4m3(groups, scale[..., None])
+    return q.reshape(xf.shape)[..., :k], scale
+
+  return _on_explicit_mesh(quantize, x, {x.ndim - 1}, (*x.shape[:-1], num_blocks(k)))
 
 
 def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False):
   """w [N, K] -> (q [N, K] float8_e4m3fn, scale [ceil(N/128), ceil(K/128)] float32)."""
-  w = jnp.asarray(w)
+  w = _as_array(w, "w")
   _check_float(w, "w")
   if w.ndim != 2:
     raise ValueError(f"w must be 2-D [N, K], got shape {w.shape}")
   n, k = w.shape
-  wf = _pad_to_block(_pad_to_block(w.astype(jnp.float32), 0), 1)
   nb, kb = num_blocks(n), num_blocks(k)
-  blocks = wf.reshape(nb, BLOCK, kb, BLOCK)
-  amax = jnp.max(jnp.abs(blocks), axis=(1, 3))
-  scale = _scale_from_amax(amax, power_of_two_scales)
-  q = jnp.clip(blocks / scale[:, None, :, None], -E4M3_MAX, E4M3_MAX).astype(FP8)
-  return q.reshape(wf.shape)[:n, :k], scale
+
+  def quantize(w):
+    wf = _pad_to_block(_pad_to_block(w.astype(jnp.float32), 0), 1)
+    blocks = wf.reshape(nb, BLOCK, kb, BLOCK)
+    scale = scale_from_amax(group_amax(blocks, (1, 3)), power_of_two_scales)
+    q = _to_e4m3(blocks, scale[:, None, :, None])
+    return q.reshape(wf.shape)[:n, :k], scale
+
+  return _on_explicit_mesh(quantize, w, {0, 1}, (nb, kb))
 
 
 def expand_1x128_scale(scale: jax.Array, k: int) -> jax.Array:
@@ -90,16 +204,37 @@ def expand_128x128_scale(scale: jax.Array, n: int, k: int) -> jax.Array:
   return jnp.repeat(jnp.repeat(scale, BLOCK, axis=0), BLOCK, axis=1)[:n, :k]
 
 
+def _check_dequantize_args(q, scale, dtype):
+  q, scale = _as_array(q, "q"), _as_array(scale, "scale")
+  _check_float(q, "q")
+  _check_float(scale, "scale")
+  try:
+    ok = jnp.issubdtype(np.dtype(dtype), jnp.floating)
+  except TypeError:
+    ok = False
+  if not ok:
+    raise TypeError(f"dtype must be a floating-point dtype, got {dtype!r}")
+  return q, scale
+
+
 def dequantize_1x128(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax.Array:
+  """q [..., K], scale [..., ceil(K/128)] -> q * scale as dtype [..., K]."""
+  q, scale = _check_dequantize_args(q, scale, dtype)
+  if q.ndim < 1:
+    raise ValueError(f"q must have at least 1 dimension (the K axis), got shape {q.shape}")
   k = q.shape[-1]
   if scale.shape != (*q.shape[:-1], num_blocks(k)):
     raise ValueError(
         f"scale must have shape q.shape[:-1] + (ceil(K/128),) = "
         f"{(*q.shape[:-1], num_blocks(k))}, got {scale.shape}")
-  return (q.astype(jnp.float32) * expand_1x128_scale(scale.astype(jnp.float32), k)).astype(dtype)
+  return _dequantize_on_explicit_mesh(lambda q, scale: (
+      q.astype(jnp.float32) * expand_1x128_scale(scale.astype(jnp.float32), k)).astype(dtype),
+      q, scale)
 
 
 def dequantize_128x128(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax.Array:
+  """q [N, K], scale [ceil(N/128), ceil(K/128)] -> q * scale as dtype [N, K]."""
+  q, scale = _check_dequantize_args(q, scale, dtype)
   if q.ndim != 2:
     raise ValueError(f"q must be 2-D [N, K], got shape {q.shape}")
   n, k = q.shape
@@ -107,7 +242,9 @@ def dequantize_128x128(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax
     raise ValueError(
         f"scale must have shape (ceil(N/128), ceil(K/128)) = "
         f"{(num_blocks(n), num_blocks(k))}, got {scale.shape}")
-  return (q.astype(jnp.float32) * expand_128x128_scale(scale.astype(jnp.float32), n, k)).astype(dtype)
+  return _dequantize_on_explicit_mesh(lambda q, scale: (
+      q.astype(jnp.float32) * expand_128x128_scale(scale.astype(jnp.float32), n, k)
+  ).astype(dtype), q, scale)
 
 
 # ---- backends ----------------------------------------------------------------------

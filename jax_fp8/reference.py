@@ -1,8 +1,10 @@
 """The reference computation in jnp: the CPU implementation and the fallback.
 
-Dequantising first and then taking one float32 dot is the same sum as the
-per-block contract: q * scale is exact in float32 for e4m3 values with any
-float32 scale short of overflow, up to one rounding of the scale product.
+It follows the contract literally, one K block at a time: the block's dot
+product in float32, times the product of the two scales, added to a float32
+[M, N] accumulator. Scales are never multiplied into the operands first, so
+a_scale * b_scale = 2^-120 * 2^120 is exactly 1, and an infinite scale times a
+negative block sum is -inf, as in the kernels.
 """
 from __future__ import annotations
 
@@ -11,6 +13,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_fp8 import quantize
+
+BLOCK = quantize.BLOCK
+
+
+def _by_block(x: jax.Array, k: int) -> jax.Array:
+  """[R, K] -> [ceil(K/128), R, 128]: K blocks first (zeros past K add nothing)."""
+  kb = quantize.num_blocks(k)
+  x = quantize._pad_to_block(x, 1)
+  return x.reshape(x.shape[0], kb, BLOCK).transpose(1, 0, 2)
 
 
 def b_scale_per_row(b_scale, n: int, b_scale_rows: int = 128) -> jax.Array:
@@ -31,19 +42,30 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c=None, *, beta: float = 1.0,
 
   b_scale_rows: 128 for 128x128 b scales, 1 for per-row b scales [N, ceil(K/128)].
   out_dtype float8_e4m3fn: (q, scale), the float32 result quantised 1x128.
+  M and the batch dims may be symbolic (jax.export); N and K are static.
   """
-  n, k = b.shape
-  a32 = a.astype(jnp.float32) * quantize.expand_1x128_scale(a_scale, k)
-  b32 = b.astype(jnp.float32) * quantize.expand_1x128_scale(
-      b_scale_per_row(b_scale, n, b_scale_rows), k)
-  acc = lax.dot_general(
-      a32, b32, (((a32.ndim - 1,), (1,)), ((), ())),
-      precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  *batch, m, k = a.shape
+  n = b.shape[0]
+  kb = quantize.num_blocks(k)
+  a_scale = a_scale.reshape(-1, kb).astype(jnp.float32).T               # [kb, M]
+  # Per output column, the scale of its row of b: [kb, N].
+  b_scale = b_scale_per_row(b_scale.astype(jnp.float32), n, b_scale_rows).T
+
+  def step(acc, block):
+    a_blk, b_blk, sa, sb = block
+    block_sum = lax.dot_general(  # e4m3 products are exact in float32
+        a_blk.astype(jnp.float32), b_blk.astype(jnp.float32), (((1,), (1,)), ((), ())),
+        precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return acc + block_sum * (sa[:, None] * sb[None, :]), None
+
+  blocks = (_by_block(a.reshape(-1, k), k), _by_block(b, k), a_scale, b_scale)
+  acc, _ = lax.scan(step, jnp.zeros((a_scale.shape[1], n), jnp.float32), blocks)
   if c is not None:
-    acc = acc + jnp.float32(beta) * c.astype(jnp.float32)
+    acc = acc + jnp.float32(beta) * c.reshape(-1, n).astype(jnp.float32)
   if jnp.dtype(out_dtype) == jnp.dtype(quantize.FP8):
-    return quantize.quantize_1x128(acc, power_of_two_scales=power_of_two_scales)
-  return acc.astype(out_dtype)
+    q, scale = quantize.quantize_1x128(acc, power_of_two_scales=power_of_two_scales)
+    return q.reshape(*batch, m, n), scale.reshape(*batch, m, scale.shape[-1])
+  return acc.astype(out_dtype).reshape(*batch, m, n)
 
 
 def unsupported_reason(op, m, n, k, **problem):

@@ -2,11 +2,14 @@
 
 - `random_operands`: fresh random FP8 operands with scales over several binades.
 - `reference_f64`: the contract evaluated in float64 with numpy.
+- `edge_operands` / `contract_magnitude`: operands with edge values (NaN, Inf,
+  zeros, subnormals, extreme scales) and the size of each output's terms.
 - `quantize_np`, `dense_reference_f64`: the quantisers and jax_fp8.dense's
   training recipe (forward, dgrad, wgrad) simulated in numpy: quantise as
   specified, then exact float64 arithmetic (`quantize_jnp`: the same with
   jax_fp8's quantisers).
 - `assert_close`: the relative Frobenius bounds of the project (and no NaN).
+- `assert_same_nonfinite_and_close`: the same where NaN/Inf are expected (edge values).
 - `poison_like`: a NaN-filled array, to prove every output tile gets written.
 - Grouped (MoE) GEMMs: `random_group_sizes`, `random_ragged_operands`,
   `random_masked_operands`, and the float64 references `reference_ragged_f64`,
@@ -71,25 +74,108 @@ def random_operands(seed: int, m: int, n: int, k: int, *, batch=(),
       c=c)
 
 
-def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0,
-                  b_scale_block=(128, 128)) -> np.ndarray:
-  """The contract in float64: dequantise exactly, one matmul, + beta * c.
+# Edge values: e4m3 has no Inf, so a and b get NaN; scales and c get both.
+SUBNORMAL_E4M3 = 2.0 ** -9
+SUBNORMAL_F32 = 2.0 ** -130
 
-  b_scale_block=(1, 128): b_scale is per row of b, [N, ceil(K/128)].
+
+def edge_operands(seed: int, m: int, n: int, k: int, *, with_c: bool = True) -> Operands:
+  """random_operands with edge values planted: zeros (single values and whole
+  K blocks), e4m3 subnormals, +-448 and NaN in a and b; 0, float32 subnormals,
+  448, NaN, +Inf and the pair 2^-120 x 2^120 in the scales; 0, subnormals,
+  NaN and +-Inf in c. Which ones, and where, depend on the seed.
+
+  Infinite and huge (2^120) scales all sit in one K block, so no output adds
+  two overflowing terms: its float32 accumulation then overflows exactly where
+  the float64 contract rounded to float32 does, whatever the summation order.
+  """
+  ops = random_operands(seed, m, n, k, with_c=with_c)
+  rng = np.random.default_rng(seed + 7919)
+  kb, nb = quantize.num_blocks(k), quantize.num_blocks(n)
+  a = np.array(ops.a.astype(jnp.float32))
+  b = np.array(ops.b.astype(jnp.float32))
+  sa, sb = np.array(ops.a_scale), np.array(ops.b_scale)
+  chance = lambda: rng.random() < 0.5
+  at = lambda x: tuple(int(rng.integers(d)) for d in x.shape)
+
+  for x in (a, b):
+    for value in (0.0, SUBNORMAL_E4M3, -SUBNORMAL_E4M3, 448.0, -448.0):
+      for _ in range(3):
+        x[at(x)] = value
+    if chance():  # a whole K block of one row (column) is zero: its block sum is 0
+      row, blk = int(rng.integers(x.shape[0])), int(rng.integers(kb))
+      x[row, blk * quantize.BLOCK:(blk + 1) * quantize.BLOCK] = 0.0
+    if chance():
+      x[at(x)] = np.nan
+  big = int(rng.integers(kb))  # the one K block of huge and infinite scales
+  if chance():  # 2^-120 * 2^120 = 1 exactly (a dequantise-first path overflows)
+    sb[:, big] = 2.0 ** 120
+    sa[:, big] = 2.0 ** -120
+    sa[int(rng.integers(m)), big] = np.exp2(rng.uniform(-12.0, -4.0))  # a huge product
+  for s in (sa, sb):
+    for value in (0.0, SUBNORMAL_F32, 448.0):
+      if chance():
+        s[at(s)] = value
+    if chance():
+      s[at(s)] = np.nan
+    if chance():
+      s[int(rng.integers(s.shape[0])), big] = np.inf
+  c = None
+  if with_c:
+    c = np.array(ops.c)
+    for value in (0.0, SUBNORMAL_F32, np.nan, np.inf, -np.inf):
+      if chance():
+        c[at(c)] = value
+    c = jnp.asarray(c)
+  return Operands(a=jnp.asarray(a).astype(quantize.FP8), a_scale=jnp.asarray(sa),
+                  b=jnp.asarray(b).astype(quantize.FP8), b_scale=jnp.asarray(sb), c=c)
+
+
+def contract_magnitude(a, a_scale, b, b_scale, c=None, beta: float = 1.0, *,
+                       flush_subnormal_scales: bool = False) -> np.ndarray:
+  """reference_f64 of the absolute values: the size of the terms each output
+  entry sums, the scale its rounding errors are measured against."""
+  absolute = lambda x: None if x is None else jnp.abs(jnp.asarray(x).astype(jnp.float32))
+  return reference_f64(absolute(a), absolute(a_scale), absolute(b), absolute(b_scale),
+                       absolute(c), abs(beta), flush_subnormal_scales=flush_subnormal_scales)
+
+
+def reference_f64(a, a_scale, b, b_scale, c=None, beta: float = 1.0,
+                  b_scale_block=(128, 128), *, flush_subnormal_scales: bool = False
+                  ) -> np.ndarray:
+  """The contract in float64 with numpy, one K block at a time.
+
+  out = sum over K blocks of (block dot, exact in float64) * (a_scale * b_scale
+  as float32, the one rounding the contract makes there), + beta * c. Non-finite
+  values follow IEEE arithmetic (an infinite scale times a negative block sum is
+  -inf, times a zero block sum NaN). b_scale_block=(1, 128): b_scale is per row
+  of b, [N, ceil(K/128)]. flush_subnormal_scales: read subnormal scales and
+  scale products as 0, as XLA on the CPU does (so the reference backend and GPU
+  interpret mode there).
   """
   a64 = np.asarray(jnp.asarray(a).astype(jnp.float32), dtype=np.float64)
   b64 = np.asarray(jnp.asarray(b).astype(jnp.float32), dtype=np.float64)
   n, k = b64.shape
-  sa = np.repeat(np.asarray(a_scale, np.float64), quantize.BLOCK, axis=-1)[..., :k]
-  sb = np.asarray(b_scale, np.float64)
+  sa = np.asarray(a_scale, np.float32)
+  sb = np.asarray(b_scale, np.float32)
   if tuple(b_scale_block) != (1, 128):
-    sb = np.repeat(sb, quantize.BLOCK, 0)[:n]
-  sb = np.repeat(sb, quantize.BLOCK, 1)[:, :k]
-  out = (a64 * sa) @ (b64 * sb).T
-  if c is not None:
-    beta = float(np.asarray(beta, np.float64))
-    out = out + beta * np.asarray(jnp.asarray(c).astype(jnp.float32), np.float64)
+    sb = np.repeat(sb, quantize.BLOCK, axis=0)[:n]  # [N, kb]: each row's block scales
+  flush = _flush_subnormals if flush_subnormal_scales else (lambda x: x)
+  sa, sb = flush(sa), flush(sb)
+  out = np.zeros((*a64.shape[:-1], n))
+  with np.errstate(invalid="ignore", over="ignore"):
+    for j in range(quantize.num_blocks(k)):
+      blk = slice(j * quantize.BLOCK, (j + 1) * quantize.BLOCK)
+      scale = flush(sa[..., :, j, None] * sb[None, :, j])  # float32, as the contract says
+      out += (a64[..., blk] @ b64[:, blk].T) * scale.astype(np.float64)
+    if c is not None:
+      beta = float(np.asarray(beta, np.float64))
+      out = out + beta * np.asarray(jnp.asarray(c).astype(jnp.float32), np.float64)
   return out
+
+
+def _flush_subnormals(x: np.ndarray) -> np.ndarray:
+  return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x)
 
 
 def rel_error(out, ref: np.ndarray) -> float:
@@ -112,6 +198,46 @@ def assert_close(out, ref: np.ndarray, out_dtype=None, tol: float | None = None)
   if not err <= bound:  # also catches NaN
     raise AssertionError(f"relative Frobenius error {err:.3e} > {bound:.1e} ({dtype})")
   return err
+
+
+def assert_same_nonfinite_and_close(out, ref: np.ndarray, out_dtype=None, *,
+                                    magnitude: np.ndarray | None = None,
+                                    tol: float | None = None, atol: float = 0.0):
+  """For results that may hold NaN/Inf by design (edge values): every entry is
+  NaN, +Inf or -Inf exactly where `ref` rounded to out_dtype is, and the finite
+  entries are close: each within tol * magnitude + atol where `magnitude`
+  (contract_magnitude) is given, else within the relative Frobenius bound."""
+  dtype = np.dtype(out_dtype if out_dtype is not None else jnp.asarray(out).dtype)
+  if np.dtype(jnp.asarray(out).dtype) != dtype:
+    raise AssertionError(f"output dtype {jnp.asarray(out).dtype} != expected {dtype}")
+  got = np.asarray(jnp.asarray(out).astype(jnp.float32), np.float64)
+  with np.errstate(over="ignore", invalid="ignore"):
+    want = np.asarray(jnp.asarray(ref.astype(np.float32)).astype(dtype).astype(jnp.float32),
+                      np.float64)
+  if got.shape != want.shape:
+    raise AssertionError(f"shape {got.shape} != reference shape {want.shape}")
+  for what, test in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+    bad = test(got) != test(want)
+    if bad.any():
+      idx = tuple(int(i) for i in np.argwhere(bad)[0])
+      raise AssertionError(f"{int(bad.sum())} entries differ in being {what}, e.g. at {idx}: "
+                           f"got {got[idx]}, want {want[idx]} (float64: {ref[idx]})")
+  finite = np.isfinite(want)
+  bound = TOLERANCE[dtype] if tol is None else tol
+  if magnitude is not None:
+    with np.errstate(invalid="ignore"):  # Inf - Inf where both are Inf: not compared
+      err = np.abs(got - ref)
+    allowed = bound * magnitude + atol
+    bad = finite & ~(err <= allowed)
+    if bad.any():
+      idx = tuple(int(i) for i in np.argwhere(bad)[0])
+      raise AssertionError(f"{int(bad.sum())} finite entries off, e.g. at {idx}: got "
+                           f"{got[idx]}, want {ref[idx]} (allowed error {allowed[idx]:.3e})")
+    return
+  diff = np.linalg.norm(got[finite] - ref[finite])
+  allowed = bound * np.linalg.norm(ref[finite]) + atol * np.sqrt(finite.sum())
+  if not diff <= allowed:
+    raise AssertionError(f"finite entries: error norm {diff:.3e} > {allowed:.3e} ({dtype})")
 
 
 def poison_like(shape, dtype) -> jax.Array:
@@ -317,12 +443,21 @@ def gpu_interpret_mode(detect_races: bool = True, **params):
         plgpu.InterpretGPUParams(detect_races=detect_races, **params)):
       yield
     ok = True
+  except Exception as e:
+    # jax >= 0.12 raises a race from inside the interpreter (jax 0.11 records it).
+    if detect_races and _RACE_RAISED in str(e):
+      raise AssertionError(f"{_RACE_FOUND} (raised by the interpreter)") from e
+    raise
   finally:
     if not ok:
       interpret_pallas_call.reset_gpu_interpret_mode_state()
   races = gpu_callbacks._races
   if detect_races and races is not None and races.races_found:
-    raise AssertionError("GPU interpret mode detected a data race in the kernel")
+    raise AssertionError(_RACE_FOUND)
+
+
+_RACE_RAISED = "RACE DETECTED"
+_RACE_FOUND = "GPU interpret mode detected a data race in the kernel"
 
 
 def run_in_gpu_interpret_mode(fn, *args, detect_races: bool = True, **params):

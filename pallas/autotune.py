@@ -29,6 +29,7 @@ import statistics
 import tempfile
 import threading
 import time
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -40,6 +41,7 @@ from jax_fp8.pallas import device as jdevice
 _lock = threading.Lock()
 _memory: dict[str, dict[str, Any]] = {}   # key -> cache entry, for the cache file in use
 _memory_path: pathlib.Path | None = None
+_warned: set[tuple[str, str]] = set()     # (file, key) of bad entries already reported
 
 
 def enabled() -> bool:
@@ -62,27 +64,72 @@ def make_key(kernel: str, m: int, n: int, k: int, *, out_dtype, c_dtype=None,
           f"out={np.dtype(out_dtype).name}|c={c}")
 
 
+def _warn_once(path, key: str, why: str) -> None:
+  if (str(path), key) not in _warned:
+    _warned.add((str(path), key))
+    what = "autotune cache" if not key else f"autotune cache entry {key!r} in"
+    warnings.warn(f"jax_fp8: ignoring {what} {path}: {why} (it is rewritten when a shape is "
+                  "next tuned)", stacklevel=3)
+
+
 def _entries() -> dict[str, dict[str, Any]]:
-  """The cache of the current cache file, read once per file (call under _lock)."""
+  """The cache of the current cache file, read once per file (call under _lock).
+
+  A cache that cannot be read or is not a JSON object of entries, and entries
+  without a "config" object, are ignored with a warning naming the file: a bad
+  cache never breaks a call, and the next tuning rewrites it.
+  """
   global _memory_path
   path = cache_path()
   if path != _memory_path:
     _memory.clear()
-    try:
-      _memory.update(json.loads(path.read_text()))
-    except FileNotFoundError:
-      pass
-    except (OSError, ValueError) as e:  # a corrupt cache is ignored, then rewritten
-      print(f"jax_fp8: ignoring unreadable autotune cache {path}: {e}")
     _memory_path = path
+    try:
+      data = json.loads(path.read_text())
+    except FileNotFoundError:
+      return _memory
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+      _warn_once(path, "", f"unreadable ({e})")
+      return _memory
+    if not isinstance(data, dict):
+      _warn_once(path, "", f"expected a JSON object of entries, got {type(data).__name__}")
+      return _memory
+    for key, entry in data.items():
+      if isinstance(entry, dict) and isinstance(entry.get("config"), dict):
+        _memory[key] = entry
+      else:
+        _warn_once(path, key, 'not an object with a "config" object')
   return _memory
 
 
-def lookup(key: str) -> dict[str, Any] | None:
-  """The cached best config (as a dict of its fields) for key, or None."""
+def lookup(key: str, config_type: type | None = None):
+  """The cached best config for key, or None.
+
+  Without config_type: the config's fields as a dict. With a dataclass
+  config_type: an instance, if the entry names exactly its fields and the
+  instance passes its `check()` (if it has one); an entry that does not (a
+  cache from another version of the code) is ignored with a warning.
+  """
   with _lock:
     entry = _entries().get(key)
-  return None if entry is None else dict(entry["config"])
+  if entry is None:
+    return None
+  fields = dict(entry["config"])
+  if config_type is None:
+    return fields
+  try:
+    want = {f.name for f in dataclasses.fields(config_type) if f.init}
+    if set(fields) != want:
+      unknown, missing = sorted(set(fields) - want), sorted(want - set(fields))
+      raise ValueError(f"fields do not match {config_type.__name__} (unknown: {unknown}, "
+                       f"missing: {missing})")
+    config = config_type(**fields)
+    if hasattr(config, "check"):
+      config.check()
+  except (TypeError, ValueError) as e:
+    _warn_once(cache_path(), key, f"stale or invalid config: {e}")
+    return None
+  return config
 
 
 def _store(key: str, entry: dict[str, Any]) -> None:
@@ -103,6 +150,7 @@ def clear_memory() -> None:
   global _memory_path
   with _lock:
     _memory.clear()
+    _warned.clear()
     _memory_path = None
 
 

@@ -364,9 +364,9 @@ def config_for(m, n, k, *, out_dtype, c_dtype=None, b_scale_rows: int = SCALE_N
   if b_scale_rows != SCALE_N:  # autotuning covers the 128x128 recipe
     return default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype,
                           b_scale_rows=b_scale_rows)
-  cached = autotune.lookup(_tune_key(m, n, k, out_dtype, c_dtype))
+  cached = autotune.lookup(_tune_key(m, n, k, out_dtype, c_dtype), config_type=HopperConfig)
   if cached is not None:
-    return HopperConfig(**cached)
+    return cached
   if autotune.enabled():
     # We may be inside a jit trace: run the tuning calls eagerly, outside it.
     with jax_core.eval_context():

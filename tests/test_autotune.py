@@ -70,7 +70,8 @@ def test_tune_raises_when_every_candidate_fails():
 
 def test_corrupt_cache_is_ignored(cache_file):
   cache_file.write_text("{not json")
-  assert autotune.lookup("anything") is None
+  with pytest.warns(UserWarning, match="ignoring autotune cache"):
+    assert autotune.lookup("anything") is None
   autotune.tune("key", [Cfg(1)], lambda cfg: 1.0)
   assert json.loads(cache_file.read_text())["key"]["config"] == {"tile": 1}
 

@@ -14,7 +14,6 @@ import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src.core import ShardingTypeError
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_fp8
@@ -206,9 +205,6 @@ def test_sharded_forward_and_backward_match_unsharded():
 
 
 @needs_8
-@pytest.mark.xfail(strict=True, raises=ShardingTypeError,
-                   reason="the jnp quantisers' reshape into 128-groups fails on Explicit-axes "
-                          "sharded input (issue 19, point 8; fixed with the quantisers)")
 def test_sharded_explicit_axes():
   mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
   x, kernel, dy = _data(5, (512, 256), 512)
@@ -224,7 +220,8 @@ def test_sharded_explicit_axes():
 @needs_8
 def test_per_row_b_scales_shard_n_in_any_even_split():
   # N = 192 over 4 devices: 48 rows of b each. Per-row scales go with their rows
-  # (no 128-block restriction); 128x128 scales cannot, and replicate with a warning.
+  # (no 128-block restriction); with 128x128 scales each shard aligns itself to
+  # the blocks it touches (jax_fp8/sharding.py): no warning, no operand moves.
   mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
   row = (1, 128)
   ops = testing.random_operands(6, 64, 192, 256, b_scale_block=row)
@@ -240,8 +237,10 @@ def test_per_row_b_scales_shard_n_in_any_even_split():
   blocks = testing.random_operands(6, 64, 192, 256)
   g = jax.jit(lambda *xs: jax_fp8.blockwise_fp8_dot(*xs, out_dtype=F32),
               in_shardings=(sh("x"), sh("x"), sh("y"), sh()), out_shardings=sh("x", "y"))
-  with pytest.warns(UserWarning, match="replicating instead of sharding N"):
-    g(*blocks.args()[:4])
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    out = g(*blocks.args()[:4])
+  testing.assert_close(out, testing.reference_f64(*blocks.args()[:4]), F32)
 
 
 # ---- on a GPU (the lead's H100 runs; skipped elsewhere) -----------------------------

@@ -107,6 +107,10 @@ def test_race_detector_sees_a_missing_wait(monkeypatch):
     _run(ops, bw.BlackwellConfig(input_stages=1, tmem_stages=1, num_ctas=1))
 
 
+@pytest.mark.xfail(
+    tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 12), strict=True,
+    reason="jax >= 0.12's interpreter checks a barrier's phases when a warpgroup allocates "
+           "another barrier, so a drain missing at kernel exit goes unreported")
 def test_missing_drain_is_reported(monkeypatch):
   """A producer that leaves without observing the last releases fails the
   interpreter's barrier-phase check."""

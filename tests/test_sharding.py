@@ -3,7 +3,8 @@
 Auto axes (jit in_shardings/out_shardings) and Explicit axes (jax.set_mesh):
 M, N, batch dims and K sharded, each against the float64 reference, and the
 compiled HLO's collectives: none for M/N/batch sharding, exactly one reduction
-for K sharding. A split that is not whole 128-blocks warns and replicates.
+for K sharding. Splits that cut 128-blocks (64 columns per device) are exact
+without moving operands (tests/test_sharding_uneven.py has realistic sizes).
 Single-device jit and jax.export keep the plain lowering (no Python callback).
 All on backend="reference": kernels cannot run under several devices in GPU
 interpret mode.
@@ -61,14 +62,15 @@ CASES = [
     ("batch_K", (64, 256, 1024), (2,), (P("x", None, "y"), P("x", None, "y"), P(None, "y"),
                                         P(None, "y")), P("x"), {"all-reduce": 1}, False, False,
      jnp.float32),
-    # 256 / 4 devices = 64 columns per shard: not whole 128-blocks.
-    ("N_unaligned", (128, 256, 512), (), (P(), P(), P("y"), P()), P(None, "y"), None, True,
+    # 256 / 4 devices = 64 columns per shard: each shard pads itself to a whole
+    # block (no communication). Uneven K shards likewise, then one reduction.
+    ("N_unaligned", (128, 256, 512), (), (P(), P(), P("y"), P()), P(None, "y"), {}, False,
      True, jnp.float32),
-    ("K_unaligned", (128, 256, 256), (), (P(None, "y"), P(), P(None, "y"), P()), P(), None,
-     True, False, jnp.bfloat16),
-    # A partial last K block can never be split.
+    ("K_unaligned", (128, 256, 256), (), (P(None, "y"), P(), P(None, "y"), P()), P(),
+     {"all-reduce": 1}, False, False, jnp.bfloat16),
+    # A partial last K block: 250 columns per shard.
     ("K_partial_block", (128, 256, 1000), (), (P(None, "y"), P(), P(None, "y"), P()), P(),
-     None, True, True, jnp.float32),
+     {"all-reduce": 1}, False, True, jnp.float32),
 ]
 IDS = [c[0] for c in CASES]
 
