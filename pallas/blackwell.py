@@ -171,7 +171,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
           def k_body(kb, _):
             body(step + kb, tile, tp, tile.k0 + kb)
           lax.fori_loop(i32(0), i32(k_blocks), k_body, None)
-          return step + k_blocks
+          return step + i32(k_blocks)
         if sched.static_passes:
           return pass_body(i32(0), step)
         return lax.fori_loop(i32(0), tile.passes, pass_body, step)
@@ -273,7 +273,7 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
 
     def pass_body(p, carry):
       step, acc = carry
-      return step + k_blocks, promote_pass(tile, sched.tile_pass(tile, p), step, acc)
+      return step + i32(k_blocks), promote_pass(tile, sched.tile_pass(tile, p), step, acc)
     if sched.static_passes:
       step, acc = pass_body(i32(0), (step, acc))
     else:

@@ -238,11 +238,11 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
         tile = sched.tile(cta + i * num_ctas, cluster_index)
         if sched.static_passes:
           body(tile, sched.tile_pass(tile, 0), step)
-          return step + k_steps
+          return step + i32(k_steps)
 
         def pass_body(p, step):
           body(tile, sched.tile_pass(tile, p), step)
-          return step + k_steps
+          return step + i32(k_steps)
         return lax.fori_loop(i32(0), tile.passes, pass_body, step)
       return lax.fori_loop(i32(0), sched.local_units(cta, num_ctas), tile_body, step)
 
@@ -290,7 +290,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
           step, acc = carry
           tp = sched.tile_pass(tile, p)
           acc = warpgroup.run_pass(inputs, a_smem, b_smem, tile, tp, step, acc, k_steps)
-          return step + k_steps, acc
+          return step + i32(k_steps), acc
 
         if sched.static_passes:
           step, acc = pass_body(i32(0), (step, acc))

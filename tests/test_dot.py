@@ -197,8 +197,8 @@ BAD_INPUTS = [
     (dict(b_scale_block=(1, 128)), ValueError,
      "b_scale must have shape (N, ceil(K/128)) = (130, 3)"),
     (dict(beta=float("nan")), ValueError, "beta must be finite"),
-    (dict(out_dtype=jnp.float16), TypeError, "out_dtype must be bfloat16 or float32"),
-    (dict(out_dtype="int8"), TypeError, "out_dtype must be bfloat16 or float32"),
+    (dict(out_dtype=jnp.float16), TypeError, "out_dtype must be bfloat16, float32 or float8_e4m3fn"),
+    (dict(out_dtype="int8"), TypeError, "out_dtype must be bfloat16, float32 or float8_e4m3fn"),
     (dict(backend="cublas"), ValueError, "backend must be one of"),
 ]
 
