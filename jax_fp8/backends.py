@@ -63,7 +63,8 @@ class Backend:
       return f"backend={self.name!r} does not support platform {platform!r}"
     cc = device.target_compute_capability()
     if not self.arch(cc):
-      return f"backend={self.name!r} needs {self.needs}, but the GPU has compute capability {cc[0]}.{cc[1]}"
+      return (f"backend={self.name!r} needs {self.needs}, but the GPU has compute capability "
+              f"{cc[0]}.{cc[1]}")
     return None
 
 

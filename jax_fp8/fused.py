@@ -26,6 +26,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_fp8 import backends
+from jax_fp8 import checks
 from jax_fp8.pallas import device
 from jax_fp8.quantize import BLOCK, FP8, num_blocks
 
@@ -37,10 +38,7 @@ OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32), np.dtype(FP8))
 def validate(a, a_scale, b, b_scale, *, activation, out_dtype, backend):
   """Checks every argument; returns (batch, m, f, k). TypeError / ValueError
   naming the argument and the rule."""
-  for name, x, dt in (("a", a, FP8), ("b", b, FP8), ("a_scale", a_scale, jnp.float32),
-                      ("b_scale", b_scale, jnp.float32)):
-    if np.dtype(x.dtype) != np.dtype(dt):
-      raise TypeError(f"{name} must be {np.dtype(dt).name}, got {x.dtype}")
+  checks.operand_dtypes(a, a_scale, b, b_scale)
   if a.ndim < 2:
     raise ValueError(f"a must be [..., M, K] (at least 2-D), got shape {a.shape}")
   *batch, m, k = a.shape
@@ -63,14 +61,8 @@ def validate(a, a_scale, b, b_scale, *, activation, out_dtype, backend):
                      f"{tuple(b_scale.shape)}")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-  try:
-    dt = np.dtype(out_dtype)
-  except TypeError:
-    dt = None
-  if dt not in OUT_DTYPES:
-    raise TypeError(f"out_dtype must be bfloat16, float32 or float8_e4m3fn, got {out_dtype}")
-  if backend not in backends.NAMES:
-    raise ValueError(f"backend must be one of {backends.NAMES}, got {backend!r}")
+  checks.out_dtype(out_dtype, OUT_DTYPES, "bfloat16, float32 or float8_e4m3fn")
+  checks.backend(backend)
   return tuple(batch), m, f, k
 
 

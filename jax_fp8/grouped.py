@@ -32,12 +32,13 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jax_fp8 import backends
+from jax_fp8 import checks
 from jax_fp8 import grouped_sharding
 from jax_fp8 import sharding
 from jax_fp8.grouped_sharding import MASKED, RAGGED  # the backends' op names
 from jax_fp8.pallas import device
 from jax_fp8.primitive import OUT_DTYPES
-from jax_fp8.quantize import FP8, num_blocks
+from jax_fp8.quantize import num_blocks
 from jax_fp8.reference import ragged_group_bounds
 
 # The ragged layout's running row count is an int32 that saturates at M.
@@ -51,23 +52,11 @@ def _shape(x):
 
 
 def _check_dtypes(a, a_scale, b, b_scale, sizes, sizes_name, out_dtype, backend):
-  if np.dtype(a.dtype) != np.dtype(FP8):
-    raise TypeError(f"a must be float8_e4m3fn, got {a.dtype}")
-  if np.dtype(b.dtype) != np.dtype(FP8):
-    raise TypeError(f"b must be float8_e4m3fn, got {b.dtype}")
-  for name, s in (("a_scale", a_scale), ("b_scale", b_scale)):
-    if np.dtype(s.dtype) != np.dtype(jnp.float32):
-      raise TypeError(f"{name} must be float32, got {s.dtype}")
+  checks.operand_dtypes(a, a_scale, b, b_scale)
   if np.dtype(sizes.dtype) != np.dtype(jnp.int32):
     raise TypeError(f"{sizes_name} must be int32, got {sizes.dtype}")
-  try:
-    dt = np.dtype(out_dtype)
-  except TypeError:
-    dt = None
-  if dt not in OUT_DTYPES:
-    raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
-  if backend not in backends.NAMES:
-    raise ValueError(f"backend must be one of {backends.NAMES}, got {backend!r}")
+  checks.out_dtype(out_dtype, OUT_DTYPES, "bfloat16 or float32")
+  checks.backend(backend)
 
 
 def _check_experts(b, b_scale, k, sizes, sizes_name, a_name):

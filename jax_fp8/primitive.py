@@ -22,6 +22,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_fp8 import backends
+from jax_fp8 import checks
 from jax_fp8 import fused
 from jax_fp8 import sharding
 from jax_fp8.pallas import device
@@ -73,13 +74,7 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend,
   for name, x in (("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale)):
     if not hasattr(x, "dtype"):
       raise TypeError(f"{name} must be an array, got {type(x).__name__}")
-  if np.dtype(a.dtype) != np.dtype(FP8):
-    raise TypeError(f"a must be float8_e4m3fn, got {a.dtype}")
-  if np.dtype(b.dtype) != np.dtype(FP8):
-    raise TypeError(f"b must be float8_e4m3fn, got {b.dtype}")
-  for name, s in (("a_scale", a_scale), ("b_scale", b_scale)):
-    if np.dtype(s.dtype) != np.dtype(jnp.float32):
-      raise TypeError(f"{name} must be float32, got {s.dtype}")
+  checks.operand_dtypes(a, a_scale, b, b_scale)
   if len(_shape(a)) < 2:
     raise ValueError(f"a must be [..., M, K] (at least 2-D), got shape {_shape(a)}")
   if len(_shape(b)) != 2:
@@ -135,14 +130,8 @@ def validate(a, a_scale, b, b_scale, c, *, beta, out_dtype, backend,
       raise TypeError(f"beta must be a real (floating or integer) scalar, got dtype {beta.dtype}")
     if c is None:
       raise ValueError("beta was given as an array but c is None; beta scales the residual c")
-  try:
-    dt = np.dtype(out_dtype)
-  except TypeError:
-    dt = None
-  if dt not in OUT_DTYPES:
-    raise TypeError(f"out_dtype must be bfloat16, float32 or float8_e4m3fn, got {out_dtype}")
-  if backend not in backends.NAMES:
-    raise ValueError(f"backend must be one of {backends.NAMES}, got {backend!r}")
+  checks.out_dtype(out_dtype, OUT_DTYPES, "bfloat16, float32 or float8_e4m3fn")
+  checks.backend(backend)
   return tuple(batch), m, n, k
 
 
