@@ -60,7 +60,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_fp8.quantize import BLOCK
 from jax_fp8.reference import ragged_group_bounds
-from jax_fp8.sharding import _entry, _spec, _without_mesh, lower_locally
+from jax_fp8.sharding import AxisClaims, _entry, _spec, _without_mesh, lower_locally
 
 RAGGED, MASKED = "ragged_dot", "masked_dot"
 PUBLIC = {RAGGED: "blockwise_fp8_ragged_dot", MASKED: "blockwise_fp8_masked_dot"}
@@ -172,21 +172,7 @@ class _Plan:
     used: set[str] = set()
     dropped = []
 
-    def claim(name, axes, size, block):
-      """The axes `name` keeps: unused ones, and only if the split is even (and,
-      for N and K, whole 128-blocks per shard)."""
-      axes = tuple(ax for ax in axes if ax in sizes)
-      if any(ax in used for ax in axes):
-        dropped.append(f"{name} over {axes} (the mesh axis already shards another dimension)")
-        return ()
-      shards = math.prod(sizes[ax] for ax in axes)
-      if shards > 1 and (size % shards or (block and (size // shards) % block)):
-        what = f"{size} into {shards}" + (f" (needs a multiple of {block} per shard)"
-                                           if block else "")
-        dropped.append(f"{name} over {axes}: cannot split {what} evenly")
-        return ()
-      used.update(axes)
-      return axes
+    claim = AxisClaims(sizes, used, dropped)
 
     if op == RAGGED:
       g_axes = claim("G", b_spec[0], g, 0)

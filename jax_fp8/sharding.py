@@ -239,6 +239,31 @@ def _spec(sharding, ndim) -> list[tuple[str, ...]]:
   return [_axes(e) for e in parts[:ndim]]
 
 
+@dataclasses.dataclass
+class AxisClaims:
+  """claim(name, axes, size, block): the mesh axes a dimension of `size` keeps:
+  unused ones, and only if the split is even (and, with block, whole blocks per
+  shard); what it gives up is recorded in `dropped` (for the warning)."""
+  sizes: dict
+  used: set
+  dropped: list
+
+  def __call__(self, name, axes, size, block):
+    axes = tuple(ax for ax in axes if ax in self.sizes)
+    if any(ax in self.used for ax in axes):
+      self.dropped.append(f"{name} over {axes} (the mesh axis already shards another "
+                          "dimension)")
+      return ()
+    shards = math.prod(self.sizes[ax] for ax in axes)
+    if shards > 1 and (size % shards or (block and (size // shards) % block)):
+      what = f"{size} into {shards}" + (f" (needs a multiple of {block} per shard)"
+                                         if block else "")
+      self.dropped.append(f"{name} over {axes}: cannot split {what} evenly")
+      return ()
+    self.used.update(axes)
+    return axes
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
   """Which mesh axes shard batch, M, N and K inside one partitioned call."""
@@ -273,21 +298,7 @@ class _Plan:
                        "over the axes)")
     a_spec, b_spec = _spec(decoded["a"], a.ndim), _spec(decoded["b"], 2)
 
-    def claim(name, axes, size, block):
-      """The axes `name` keeps: unused ones, and only if the split is even
-      (and, for N and K, whole 128-blocks per shard)."""
-      axes = tuple(ax for ax in axes if ax in sizes)
-      if any(ax in used for ax in axes):
-        dropped.append(f"{name} over {axes} (the mesh axis already shards another dimension)")
-        return ()
-      shards = math.prod(sizes[ax] for ax in axes)
-      if shards > 1 and (size % shards or (block and (size // shards) % block)):
-        what = f"{size} into {shards}" + (f" (needs a multiple of {block} per shard)"
-                                           if block else "")
-        dropped.append(f"{name} over {axes}: cannot split {what} evenly")
-        return ()
-      used.update(axes)
-      return axes
+    claim = AxisClaims(sizes, used, dropped)
 
     batch_axes = tuple(claim(f"batch dim {i}", a_spec[i], d, 0) for i, d in enumerate(batch))
     m_axes = claim("M", a_spec[-2], m, 0)
