@@ -97,13 +97,15 @@ class BlackwellConfig:
     if self.num_ctas is not None and self.num_ctas < 1:
       raise ValueError(f"num_ctas must be >= 1 or None, got {self.num_ctas}")
 
-  @property
-  def out_slots(self) -> int:
-    return 2 if (self.tile_n // self.epi_tile_n) % 2 == 0 else 1
+  def out_slots(self, glu: bool = False) -> int:
+    """2 store buffers where the pieces a tile stores pair up (a fused GLU stores
+    half its pieces), else 1."""
+    pieces = self.tile_n // self.epi_tile_n // (2 if glu else 1)
+    return 2 if pieces % 2 == 0 else 1
 
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
     stage = (self.tile_m + self.tile_n) * K_BLOCK + self.tile_m * 4
-    epi = self.out_slots * self.tile_m * self.epi_tile_n * np.dtype(out_dtype).itemsize
+    epi = self.out_slots() * self.tile_m * self.epi_tile_n * np.dtype(out_dtype).itemsize
     if c_dtype is not None:
       epi += self.c_stages * self.tile_m * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.input_stages * stage + epi + 1024  # barriers and alignment slack
@@ -129,7 +131,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       a_smem=plgpu.SMEM((cfg.input_stages, tile_m, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((cfg.input_stages, tile_n, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
       as_smem=plgpu.SMEM((cfg.input_stages, 1, tile_m), jnp.float32),
-      out_smem=plgpu.SMEM((_out_slots(cfg, prob), tile_m, epi_n), out_dtype,
+      out_smem=plgpu.SMEM((cfg.out_slots(glu=bool(prob.glu_rows)), tile_m, epi_n), out_dtype,
                           transforms=tiled(out_dtype, epi_n)),
       acc_tmem=plgpu.TMEM((tile_m, cfg.tmem_stages * tile_n), jnp.float32),
       # Input ring: full = 3 TMA copies (A, B, A-scales); empty = 2 releases (the
@@ -316,12 +318,6 @@ def b_row(cfg: BlackwellConfig, prob: problem.Problem, tile, col: int):
   if not prob.glu_rows or col < half:
     return tile.n0 + col
   return prob.glu_rows + tile.n0 + col - half
-
-
-def _out_slots(cfg: BlackwellConfig, prob: problem.Problem) -> int:
-  """2 store buffers where the pieces a tile stores pair up (a GLU stores half)."""
-  pieces = cfg.tile_n // cfg.epi_tile_n // (2 if prob.glu_rows else 1)
-  return 2 if pieces % 2 == 0 else 1
 
 
 def quantize_pieces(vals, epi_n: int, power_of_two: bool, store_scale):

@@ -158,12 +158,13 @@ class HopperConfig:
     512 per warpgroup lane, evenly, in multiples of 8, at most 256."""
     return int(min(256, (512 - self.producer_registers) / self.consumers) // 8 * 8)
 
-  def out_slots(self) -> int:
-    """Store buffers per warpgroup: 2 where a tile's pieces pair up, else 1 (a
-    tile's first store must not find its buffer still read by the last tile's)."""
+  def out_slots(self, glu: bool = False) -> int:
+    """Store buffers per warpgroup: 2 where the pieces a tile stores pair up (a
+    fused GLU stores half its chunks), else 1 (a tile's first store must not find
+    its buffer still read by the last tile's)."""
     wm, wn = self.wg_tile()
     cm, cn = self.chunk()
-    pieces = (wm // cm) * (wn // cn) * (cn // self.epi_tile_n)
+    pieces = (wm // cm) * (wn // cn) * (cn // self.epi_tile_n) // (2 if glu else 1)
     return 2 if pieces % 2 == 0 else 1
 
   def smem_bytes(self, out_dtype, c_dtype=None) -> int:
@@ -214,7 +215,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   scratch = dict(
       a_smem=plgpu.SMEM((stages, tile_m, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
-      out_smem=plgpu.SMEM((consumers, _out_slots(cfg, prob), cm, cfg.epi_tile_n), out_dtype,
+      out_smem=plgpu.SMEM((consumers, cfg.out_slots(glu=bool(prob.glu_rows)), cm, cfg.epi_tile_n), out_dtype,
                           transforms=tiled(out_dtype, cfg.epi_tile_n)),
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=3 if prob.glu_rows else 2,
                                           empty_arrivals=consumers, cluster_axes=cluster_axes),
@@ -301,14 +302,6 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
 
       lax.fori_loop(i32(0), sched.local_units(cta, num_ctas), tile_body, i32(0))
       OutputStores.finish()
-
-
-def _out_slots(cfg: HopperConfig, prob: problem.Problem) -> int:
-  """Store buffers per warpgroup: 2 where the pieces a tile stores pair up (a
-  GLU stores half its chunks), else 1 (a tile's first store must not find its
-  buffer still read by the last tile's)."""
-  pieces = len(_Warpgroup(cfg, prob, None, None, None).pieces())
-  return 2 if pieces % 2 == 0 else 1
 
 
 @dataclasses.dataclass(frozen=True)
