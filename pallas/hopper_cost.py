@@ -1,0 +1,238 @@
+"""The cost model of the Hopper tiling: the estimated time of a config at a shape.
+
+pallas/hopper_tiling.py builds the candidate configs of a shape; the default is
+the candidate this model estimates fastest, and autotuning times them all in
+the order of their estimates. One model for every candidate:
+
+  time = waves x (K loop + fixed part of one unit of work)  [+ K-split reduction]
+
+- waves: a persistent grid runs its units (tiles x K splits x groups, in
+  clusters) in ceil(units / CTAs) waves; a mostly empty last wave costs a full
+  one, and rows and columns of a tile past the problem cost as much as real ones.
+- K loop: the unit's K blocks x the tile's time per K block. At decode
+  (M <= 128) the kernel is bandwidth-bound: a K block of a tile costs its width
+  in columns of B plus a fixed part (its A tile, the epilogue's share), 1.6x
+  for 128-row tiles. At larger M it is compute-bound: a tile's area over its
+  efficiency. Two-block steps save a step boundary per two blocks and wait for
+  two blocks first; a ring past RING_BYTES takes L1's SMEM.
+- fixed part: where a CTA's tiles chain (`chains_tiles`: the next tile's loads
+  run under the epilogue) it is about half: at decode for every tile, at larger
+  M for 192 x 128 tiles over short K loops (the one chained large-M form
+  measured faster). 4-deep rings of 128 x 256 tiles chained over long K loops,
+  K splits and pairs of CTAs sharing A have their own measured terms below.
+
+Forms without a measurement behind them (tiles autotuning also tries, pairs
+sharing B, deeper rings, K splits or pairs outside the measured range) are left
+to autotuning: `unmodelled` says why, and their estimate is infinite. The
+measurements behind the constants are in benchmarks/RESULTS.md ("Hopper tiling
+rules").
+"""
+from __future__ import annotations
+
+import math
+
+from jax_fp8.pallas import hopper
+from jax_fp8.pallas.common import K_BLOCK
+from jax_fp8.pallas.hopper import HopperConfig
+
+# M up to which a problem is bandwidth-bound (decode): every B tile is read by
+# the CTAs of one tile column only, so a tile costs the bytes it streams.
+DECODE_MAX_M = 128
+
+# Decode tiles (tile_m, tile_n, wg_split, consumers) -> weight: a K block of the
+# tile costs weight x (tile_n + the fixed columns). A 128-row tile ~1.6x a
+# 64-row one; 64 x 192 (three warpgroups of 64 columns) fills the SMs where
+# 256-wide tiles leave many idle.
+DECODE_TILES = {(64, 32, "n", 2): 1.0, (64, 64, "n", 2): 1.0, (64, 128, "n", 2): 1.0,
+                (64, 192, "n", 3): 1.0, (64, 256, "n", 2): 1.0, (128, 64, "m", 2): 1.6,
+                (128, 256, "n", 2): 1.6}
+# One 128-byte column of a K block from HBM with every SM streaming (3.35 TB/s
+# over 132 SMs).
+_COLUMN_BLOCK_US = 0.005
+# A decode tile's fixed part per K block (its A tile, which every CTA reads and
+# so comes from L2, and its share of the epilogue), in columns; half where the
+# tiles chain.
+_DECODE_FIXED_COLUMNS = 32
+_CHAINED_DECODE_FIXED_COLUMNS = 16
+
+# Large-M tiles -> efficiency relative to 128 x 256 at full waves: wider tiles
+# read less A and B per FLOP; 192 x 128 balances the waves where N is narrow.
+LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
+                 (192, 128, "m", 3): 0.95, (64, 128, "n", 2): 0.8}
+# One K block of a 128 x 256 tile at large M (~1300 TFLOP/s over 132 SMs).
+_TILE_BLOCK_US = 0.85
+# A large-M tile's fixed part (first loads, epilogue) in K blocks of its own
+# loop (fitted to 4096x32768x512: chained 192 x 128 993 TFLOP/s, unchained
+# 128 x 256 845); half where 192 x 128 tiles chain over a short K loop with a
+# ring at most as deep. Other large-M tiles' chained rings measured no such gain.
+_LARGE_M_FIXED_BLOCKS = 2.6
+SHORT_K_CHAINED_TILES = ((192, 128, "m", 3),)
+SHORT_K_MAX_BLOCKS = 4  # a ring holding a longer K loop would take L1's SMEM
+
+# The ring of a tile: about this much SMEM, at most 8 stages; what SMEM leaves
+# free is L1, where the scale loads hit. Deeper rings run their K loop slower.
+RING_BYTES = 144 * 1024
+_L1_LOSS = 1.03
+# ... except a 4-deep ring of 128 x 256 tiles chained over a K loop of at least
+# this many blocks: its K loop runs faster (at 56 blocks it was slower).
+_DEEP_RING_TILE = (128, 256, "n", 2)
+_DEEP_RING_STAGES = 4
+_DEEP_RING_MIN_BLOCKS = 64
+_DEEP_RING_GAIN = 0.95
+
+# Two K blocks per pipeline step: a step boundary (barrier wait, scale loads,
+# bookkeeping) comes once per two blocks, saving this share of a block's time;
+# the first step waits for two blocks' loads (one block more per unit).
+_TWO_BLOCK_SAVING = 0.087
+_TWO_BLOCK_FILL_BLOCKS = 1.0
+
+# K splits at decode: units of all M rows in 64 columns (B is read once) in one
+# wave, over K loops of at least this many blocks (measured faster from K=4096,
+# slower at 2048); the float32 partials' reduction (a second pass) costs this.
+SPLIT_K_TILE_N = 64
+SPLIT_K_MIN_BLOCKS = 32
+_SPLIT_K_REDUCTION_US = 2.0
+
+# Pairs of 128-row decode CTAs in one wave sharing their A tile by multicast
+# (two-block steps, one stage more): each loads half of A, saving these columns
+# of every K block; the pair's cluster costs a fixed time per tile.
+_SHARED_A_COLUMNS = 10
+_CLUSTER_US = 2.8
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def ring_stages(cfg: HopperConfig) -> int:
+  """The ring depth (stages of k_step blocks) of about RING_BYTES for cfg's tile."""
+  one_block = max(2, min(8, RING_BYTES // ((cfg.tile_m + cfg.tile_n) * K_BLOCK)))
+  return one_block if cfg.k_step == 1 else max(2, one_block // cfg.k_step)
+
+
+def tile_key(cfg: HopperConfig) -> tuple:
+  return cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.consumers
+
+
+def units(cfg: HopperConfig, m: int, n: int, groups: int = 1) -> int:
+  """Units of work of the persistent grid: clusters of tiles x K splits x groups."""
+  return (_cdiv(_cdiv(m, cfg.tile_m), cfg.cluster_m)
+          * _cdiv(_cdiv(n, cfg.tile_n), cfg.cluster_n) * cfg.split_k * groups)
+
+
+def grid(cfg: HopperConfig, m: int, n: int, groups: int = 1, num_sms: int | None = None) -> int:
+  """CTAs (clusters) of the persistent grid (num_sms: the device's, if not cfg's)."""
+  sms = cfg.num_sms or num_sms or hopper.num_sms()
+  return min(sms // (cfg.cluster_m * cfg.cluster_n), units(cfg, m, n, groups))
+
+
+def unit_steps(cfg: HopperConfig, k: int) -> int:
+  """Pipeline steps of one unit of work."""
+  return _cdiv(_cdiv(k, K_BLOCK) // cfg.split_k, cfg.k_step)
+
+
+def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1,
+                 num_sms: int | None = None) -> bool:
+  """Whether every CTA runs >= 2 tiles and the ring wraps exactly at a tile's
+  end: such tilings measured a smaller fixed cost per tile (the next tile's
+  first loads fill a ring its predecessor leaves in step)."""
+  return (units(cfg, m, n, groups) >= 2 * grid(cfg, m, n, groups, num_sms)
+          and unit_steps(cfg, k) % cfg.stages == 0)
+
+
+def _deep_ring(cfg: HopperConfig, m: int) -> bool:
+  """The 4-deep ring of 128 x 256 tiles at large M (past RING_BYTES)."""
+  return (m > DECODE_MAX_M and tile_key(cfg) == _DEEP_RING_TILE and cfg.k_step == 1
+          and cfg.stages == _DEEP_RING_STAGES)
+
+
+def _short_k(cfg: HopperConfig, m: int, k: int) -> bool:
+  """192 x 128 tiles at large M over a short K loop, the ring at most as deep."""
+  return (m > DECODE_MAX_M and tile_key(cfg) in SHORT_K_CHAINED_TILES
+          and cfg.stages <= _cdiv(k, K_BLOCK) <= SHORT_K_MAX_BLOCKS)
+
+
+def _past_ring_bytes(cfg: HopperConfig) -> bool:
+  """Whether cfg's ring is deeper than ring_stages (pairs sharing A: one more)."""
+  return cfg.stages > ring_stages(cfg) + (cfg.cluster_n > 1)
+
+
+def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1,
+               num_sms: int | None = None) -> str | None:
+  """Why the model has no estimate for cfg (autotuning still times it), or None."""
+  decode = m <= DECODE_MAX_M
+  one_wave = units(cfg, m, n, groups) <= grid(cfg, m, n, groups, num_sms)
+  if tile_key(cfg) not in (DECODE_TILES if decode else LARGE_M_TILES):
+    return "a tile shape without a measurement at this M"
+  if decode and cfg.split_k == 1 and cfg.tile_m > max(64, m):
+    return "a decode tile taller than M"
+  if cfg.cluster_m > 1:
+    return "pairs sharing B"
+  if cfg.cluster_n > 1 and not (decode and cfg.tile_m == 128 and cfg.k_step == 2 and one_wave):
+    return "pairs sharing A other than 128-row decode tiles in one wave (several: no gain)"
+  if cfg.split_k > 1 and not (decode and cfg.tile_n == SPLIT_K_TILE_N and one_wave
+                              and cfg.tile_m == max(64, _cdiv(m, 64) * 64)
+                              and _cdiv(k, K_BLOCK) >= SPLIT_K_MIN_BLOCKS):
+    return (f"K splits other than {SPLIT_K_TILE_N}-column tiles of all M rows in one wave "
+            f"over >= {SPLIT_K_MIN_BLOCKS} K blocks")
+  if cfg.k_step > 1 and not decode:
+    return "two-block steps at large M (measured within +-1%)"
+  if _past_ring_bytes(cfg) and not (_deep_ring(cfg, m) or _short_k(cfg, m, k)):
+    return "a ring past RING_BYTES (measured slower)"
+  if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:
+    return "64-row three-consumer tiles for M > 64 over several waves (measured slower)"
+  return None
+
+
+def two_block_steps_pay(k_blocks: int) -> bool:
+  """Whether two-block steps shorten a K loop of this many blocks."""
+  return k_blocks * _TWO_BLOCK_SAVING > _TWO_BLOCK_FILL_BLOCKS
+
+
+def _k_loop_blocks(cfg: HopperConfig, k: int) -> float:
+  """A unit's K loop in blocks of one-block-step time."""
+  blocks = _cdiv(k, K_BLOCK) // cfg.split_k
+  if cfg.k_step == 1:
+    return blocks
+  return blocks * (1 - _TWO_BLOCK_SAVING) + _TWO_BLOCK_FILL_BLOCKS
+
+
+def _decode_unit_us(cfg, m, k, chained) -> float:
+  del m
+  fixed = _CHAINED_DECODE_FIXED_COLUMNS if chained else _DECODE_FIXED_COLUMNS
+  columns = DECODE_TILES[tile_key(cfg)] * (cfg.tile_n + fixed)
+  if cfg.cluster_n > 1:
+    columns -= _SHARED_A_COLUMNS
+  cluster_us = _CLUSTER_US if cfg.cluster_n > 1 else 0.0
+  return columns * _k_loop_blocks(cfg, k) * _COLUMN_BLOCK_US + cluster_us
+
+
+def _large_m_unit_us(cfg, m, k, chained) -> float:
+  area = cfg.tile_m * cfg.tile_n / (128 * 256)  # in 128 x 256 tiles
+  block_us = area / LARGE_M_TILES[tile_key(cfg)] * _TILE_BLOCK_US
+  loop = _k_loop_blocks(cfg, k)
+  fixed = _LARGE_M_FIXED_BLOCKS
+  if _deep_ring(cfg, m) and chained and _cdiv(k, K_BLOCK) >= _DEEP_RING_MIN_BLOCKS:
+    loop *= _DEEP_RING_GAIN
+  elif _short_k(cfg, m, k) and chained:
+    fixed /= 2
+  elif _past_ring_bytes(cfg):
+    loop *= _L1_LOSS
+  return block_us * (loop + fixed)
+
+
+def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1,
+                      num_sms: int | None = None) -> float:
+  """The model's time of cfg at this shape (inf where `unmodelled`); num_sms:
+  the device's SM count if cfg does not give the grid's."""
+  num_sms = cfg.num_sms or num_sms or hopper.num_sms()
+  if unmodelled(cfg, m, n, k, groups, num_sms):
+    return math.inf
+  chained = chains_tiles(cfg, m, n, k, groups, num_sms)
+  unit = _decode_unit_us if m <= DECODE_MAX_M else _large_m_unit_us
+  waves = _cdiv(units(cfg, m, n, groups), grid(cfg, m, n, groups, num_sms))
+  time = waves * unit(cfg, m, k, chained)
+  if cfg.split_k > 1:
+    time += _SPLIT_K_REDUCTION_US
+  # Rounded to 0.1 ns: equal estimates compare equal (the first candidate wins).
+  return round(time, 4)

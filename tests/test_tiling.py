@@ -1,0 +1,368 @@
+"""The Hopper tiling (pallas/hopper_tiling.py) and its cost model
+(pallas/hopper_cost.py), without a GPU (the SM count pinned to the H100's 132).
+
+The default config is the candidate the cost model estimates fastest, and at
+the DeepSeek-V3 dense shapes, the MoE (ragged, masked) shapes and the training
+recipe's shapes it is the config the rules measured on the H100 picked (frozen
+from commit fda5f79; `python tools/tiling_picks.py` compares any two revisions
+over these and wider shape sets).
+"""
+import dataclasses
+import itertools
+import math
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+
+from jax_fp8.pallas import hopper, hopper_cost, hopper_tiling
+
+BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
+OUT_C = {"bf16": (BF16, None), "bf16+cf32": (BF16, F32), "bf16+cbf16": (BF16, BF16),
+         "f32": (F32, None), "f32+cf32": (F32, F32), "f32+cbf16": (F32, BF16)}
+
+# Chained per-tile pipelines: 2 stages dividing the K blocks, several tiles per CTA.
+CHAIN = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="n", stages=2, num_sms=2,
+                            epi_tile_n=32)
+CHAIN_3 = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=3, num_sms=2)
+THREE_WG = hopper.HopperConfig(tile_m=192, tile_n=128, wg_split="m", consumers=3, stages=2,
+                               num_sms=2)
+
+
+@pytest.fixture(autouse=True)
+def h100(monkeypatch):
+  monkeypatch.setattr(hopper, "num_sms", lambda: 132)
+
+
+def _kind(kind: str) -> dict:
+  if kind == "ragged":
+    return dict(grouped=True, row_masks=True)
+  if kind.startswith("masked x"):
+    return dict(groups=int(kind[len("masked x"):]), grouped=True)
+  if kind == "per-row b":
+    return dict(b_scale_rows=1)
+  assert kind == "", kind
+  return {}
+
+
+def _config(spec: str) -> hopper.HopperConfig:
+  """A config from tools/tiling_picks.py's short form, e.g.
+  "128x64m2 s3 e32 om ks2 sk4 cn2 p72 sep"."""
+  tile, *fields = spec.split()
+  tm, tn, split, consumers = re.fullmatch(r"(\d+)x(\d+)([mn])(\d)", tile).groups()
+  cfg = dict(tile_m=int(tm), tile_n=int(tn), wg_split=split, consumers=int(consumers))
+  names = {"s": "stages", "e": "epi_tile_n", "ks": "k_step", "sk": "split_k",
+           "cm": "cluster_m", "cn": "cluster_n", "p": "producer_registers"}
+  for f in fields:
+    if f == "sep":
+      cfg["scale_product"] = False
+    elif f[0] == "o":
+      cfg["grid_minor"] = f[1:]
+    else:
+      name, value = re.fullmatch(r"([a-z]+)(\d+)", f).groups()
+      cfg[names[name]] = int(value)
+  return hopper.HopperConfig(**cfg)
+
+
+# (m, n, k, kind, {picked config: the out/c variants it is picked for ("*": all
+# six of OUT_C; the MoE and training shapes: bf16 or f32 out, no c)}).
+FROZEN_PICKS = [
+    (64, 2112, 7168, '', {'64x64n2 s4 e32 om ks2 sk4 sep': '*'}),
+    (64, 24576, 1536, '', {'64x192n3 s2 e64 om ks2 sep': 'bf16 bf16+cbf16',
+                           '64x192n3 s2 e32 om ks2 sep': 'bf16+cf32 f32 f32+cf32 f32+cbf16'}),
+    (64, 32768, 512, '', {'64x256n2 s3 e128 om sep': 'bf16',
+                          '64x256n2 s3 e64 om sep': 'bf16+cf32 bf16+cbf16 f32',
+                          '64x256n2 s3 e32 om sep': 'f32+cf32 f32+cbf16'}),
+    (64, 7168, 16384, '', {'64x64n2 s4 e32 om ks2 sep': '*'}),
+    (64, 4096, 7168, '', {'64x64n2 s4 e32 om ks2 sk2 sep': '*'}),
+    (64, 7168, 2048, '', {'64x64n2 s4 e32 om ks2 sep': '*'}),
+    (128, 2112, 7168, '', {'128x64m2 s3 e32 om ks2 sk4 sep': '*'}),
+    (128, 24576, 1536, '', {'128x64m2 s3 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
+                            '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
+    (128, 32768, 512, '', {'128x256n2 s3 e128 om p72 sep': 'bf16',
+                           '128x256n2 s2 e64 om p72 sep': 'bf16+cf32',
+                           '128x256n2 s3 e64 om p72 sep': 'bf16+cbf16 f32',
+                           '128x256n2 s3 e32 om p72 sep': 'f32+cf32 f32+cbf16'}),
+    (128, 7168, 16384, '', {'128x64m2 s4 e64 om ks2 cn2 sep': 'bf16',
+                            '128x64m2 s3 e64 om ks2 cn2 sep': 'bf16+cf32 bf16+cbf16',
+                            '128x64m2 s4 e32 om ks2 cn2 sep': 'f32',
+                            '128x64m2 s3 e32 om ks2 cn2 sep': 'f32+cf32 f32+cbf16'}),
+    (128, 4096, 7168, '', {'128x64m2 s3 e32 om ks2 sk2 sep': '*'}),
+    (128, 7168, 2048, '', {'128x64m2 s3 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
+                           '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 2112, 7168, '', {'192x128m3 s3 e64 on': 'bf16 bf16+cbf16',
+                            '192x128m3 s2 e64 on': 'bf16+cf32',
+                            '192x128m3 s3 e32 on': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72': 'bf16',
+                             '128x256n2 s2 e64 on p72': 'bf16+cf32',
+                             '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
+                             '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
+    (4096, 32768, 512, '', {'192x128m3 s4 e128 on': 'bf16',
+                            '192x128m3 s2 e64 on': 'bf16+cf32',
+                            '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
+                            '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
+    (4096, 7168, 16384, '', {'128x256n2 s4 e64 on p72': 'bf16',
+                             '128x256n2 s2 e64 on p72': 'bf16+cf32',
+                             '128x256n2 s3 e64 on p72': 'bf16+cbf16',
+                             '128x256n2 s4 e32 on p72': 'f32',
+                             '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
+    (4096, 4096, 7168, '', {'128x256n2 s3 e64 on p72': 'bf16 bf16+cbf16',
+                            '128x256n2 s2 e64 on p72': 'bf16+cf32',
+                            '128x256n2 s3 e32 on p72': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72': 'bf16',
+                            '128x256n2 s2 e64 on p72': 'bf16+cf32',
+                            '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
+                            '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
+    (32768, 4096, 7168, 'ragged', {'128x128m2 s4 e64 on': 'bf16',
+                                   '128x128m2 s4 e32 on': 'f32'}),
+    (1024, 4096, 7168, 'masked x1', {'128x256n2 s3 e64 on p72': 'bf16',
+                                     '128x256n2 s3 e32 on p72': 'f32'}),
+    (512, 4096, 7168, 'masked x2', {'128x256n2 s3 e64 om p72': 'bf16',
+                                    '128x256n2 s3 e32 om p72': 'f32'}),
+    (256, 4096, 7168, 'masked x4', {'128x256n2 s3 e64 om p72': 'bf16',
+                                    '128x256n2 s3 e32 om p72': 'f32'}),
+    (64, 4096, 7168, 'masked x32', {'64x256n2 s2 e64 om ks2 sep': 'bf16',
+                                    '64x256n2 s2 e32 om ks2 sep': 'f32'}),
+    (32768, 7168, 2048, 'ragged', {'128x128m2 s4 e64 on': 'bf16',
+                                   '128x128m2 s4 e32 on': 'f32'}),
+    (1024, 7168, 2048, 'masked x1', {'128x256n2 s3 e128 on p72': 'bf16',
+                                     '128x256n2 s3 e64 on p72': 'f32'}),
+    (512, 7168, 2048, 'masked x2', {'128x256n2 s3 e128 om p72': 'bf16',
+                                    '128x256n2 s3 e64 om p72': 'f32'}),
+    (256, 7168, 2048, 'masked x4', {'128x256n2 s3 e128 om p72': 'bf16',
+                                    '128x256n2 s3 e64 om p72': 'f32'}),
+    (64, 7168, 2048, 'masked x32', {'64x256n2 s2 e128 om ks2 sep': 'bf16',
+                                    '64x256n2 s2 e64 om ks2 sep': 'f32'}),
+    (7168, 18432, 4096, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
+                                      '128x128m2 s4 e32 on': 'f32'}),
+    (7168, 18432, 16384, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
+                                       '128x128m2 s4 e32 on': 'f32'}),
+    (18432, 7168, 4096, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
+                                      '128x128m2 s4 e32 on': 'f32'}),
+    (18432, 7168, 16384, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
+                                       '128x128m2 s4 e32 on': 'f32'}),
+    (4096, 18432, 7168, '', {'128x256n2 s3 e64 on p72': 'bf16',
+                             '128x256n2 s3 e32 on p72': 'f32'}),
+    (4096, 7168, 18432, '', {'128x256n2 s4 e64 on p72': 'bf16',
+                             '128x256n2 s4 e32 on p72': 'f32'}),
+    (16384, 18432, 7168, '', {'128x256n2 s3 e64 on p72': 'bf16',
+                              '128x256n2 s3 e32 on p72': 'f32'}),
+    (16384, 7168, 18432, '', {'128x256n2 s4 e64 on p72': 'bf16',
+                              '128x256n2 s4 e32 on p72': 'f32'}),
+]
+
+
+def _frozen_cases():
+  for m, n, k, kind, picks in FROZEN_PICKS:
+    for spec, variants in picks.items():
+      for variant in (OUT_C if variants == "*" else variants.split()):
+        out_dtype, c_dtype = OUT_C[variant]
+        yield m, n, k, dict(_kind(kind), out_dtype=out_dtype, c_dtype=c_dtype), spec
+
+
+def test_frozen_picks():
+  cases = list(_frozen_cases())
+  assert len(cases) == 18 * 6 + 2 * 2 * 5 + 8 + 8
+  wrong = []
+  for m, n, k, kw, spec in cases:
+    got = hopper_tiling.default_config(m, n, k, **kw)
+    if got != _config(spec):
+      wrong.append(f"{m}x{n}x{k} {kw}: {got} (frozen: {spec})")
+  assert not wrong, "\n".join(wrong)
+
+
+def _shapes():
+  """The frozen shapes and a grid of others (odd sizes included)."""
+  for m, n, k, kw, _ in _frozen_cases():
+    yield m, n, k, kw
+  for m, n, k in itertools.product((1, 65, 129, 1000, 4097), (136, 2112, 7000, 24576),
+                                   (128, 384, 1000, 4096, 16384)):
+    for kw in (dict(out_dtype=BF16), dict(out_dtype=F32, c_dtype=F32),
+               dict(out_dtype=F32, b_scale_rows=1), dict(out_dtype=BF16, groups=4, grouped=True),
+               dict(out_dtype=BF16, grouped=True, row_masks=True)):
+      yield m, n, k, kw
+
+
+def test_default_is_the_cheapest_candidate():
+  for m, n, k, kw in _shapes():
+    groups = kw.get("groups", 1)
+    cands = hopper_tiling.candidate_configs(m, n, k, **kw)
+    cost = [hopper_cost.estimated_time_us(c, m, n, k, groups) for c in cands]
+    default = hopper_tiling.default_config(m, n, k, **kw)
+    assert default == min(cands, key=lambda c: hopper_cost.estimated_time_us(c, m, n, k, groups))
+    assert default in cands and cands[0] == default, (m, n, k, kw)
+    assert cost == sorted(cost) and math.isfinite(cost[0]), (m, n, k, kw)
+
+
+def test_candidates_build_fit_and_say_why_unmodelled():
+  for m, n, k, kw in _shapes():
+    out_dtype, c_dtype = kw["out_dtype"], kw.get("c_dtype")
+    cands = hopper_tiling.candidate_configs(m, n, k, **kw)
+    assert len(cands) == len(set(cands)) >= 2, (m, n, k, kw)
+    for cfg in cands:
+      cfg.check()
+      assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper_tiling.SMEM_BYTES, (m, n, k, cfg)
+      assert m > 64 or cfg.tile_m == 64  # decode never wastes a 128-row tile
+      assert cfg.scale_product == (m > hopper_cost.DECODE_MAX_M)
+      why = hopper_cost.unmodelled(cfg, m, n, k, kw.get("groups", 1))
+      assert math.isinf(hopper_cost.estimated_time_us(cfg, m, n, k, kw.get("groups", 1))) == (
+          why is not None), (m, n, k, cfg, why)
+      if kw.get("grouped"):
+        assert cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
+      if m > hopper_cost.DECODE_MAX_M and (kw.get("b_scale_rows") == 1 or kw.get("row_masks")):
+        # Per-row b scales and ragged groups: one-chunk warpgroups, two of them.
+        wm, wn = cfg.wg_tile()
+        assert wm == 64 and wn <= 128 and cfg.consumers == 2, (m, n, k, kw, cfg)
+
+
+def test_autotuning_keeps_the_forms_it_tried():
+  # What autotuning timed before the cost model: pairs sharing B, rings one
+  # deeper, the tiles without measurements, K splits of other tiles.
+  decode = hopper_tiling.candidate_configs(128, 2112, 7168)
+  assert any(c.cluster_m == 2 and c.k_step == 2 for c in decode)
+  assert any(c.tile_m == c.tile_n == 128 for c in decode)
+  assert any(c.split_k == 4 and c.tile_n == 128 for c in decode)
+  large = hopper_tiling.candidate_configs(4096, 7168, 2048)
+  for tm, tn, split in ((64, 256, "n"), (256, 128, "m"), (128, 128, "n")):
+    assert any((c.tile_m, c.tile_n, c.wg_split) == (tm, tn, split) for c in large)
+  assert any(c.tile_m == 128 and c.tile_n == 128 and c.stages == 5 for c in large)
+
+
+def test_cost_model_terms():
+  est = hopper_cost.estimated_time_us
+  # Two-block steps pay from 12 K blocks (the step boundary saved outweighs the
+  # longer first wait).
+  assert hopper_cost.two_block_steps_pay(12) and not hopper_cost.two_block_steps_pay(11)
+  # Chained decode tiles cost less than the same tiles unchained.
+  cfg = hopper.HopperConfig(tile_m=128, tile_n=64, wg_split="m", stages=3, k_step=2,
+                            grid_minor="m", scale_product=False)
+  assert hopper_cost.chains_tiles(cfg, 128, 24576, 1536)
+  assert est(cfg, 128, 24576, 1536) < 3 * est(cfg, 128, 8192, 1536)
+  # K splits: estimated only for 64-column tiles of all rows, in one wave, from
+  # 32 K blocks; they win there over the unsplit tiles and lose below.
+  split = hopper_tiling.default_config(64, 2112, 4096)
+  assert split.split_k == 4 and hopper_tiling.default_config(64, 2112, 2048).split_k == 1
+  assert hopper_cost.unmodelled(dataclasses.replace(split, split_k=4), 64, 2112, 3584)
+  assert hopper_cost.unmodelled(split, 64, 7168, 4096)  # 448 units: several waves
+  # Pairs sharing A: over long K loops in one wave, not over several waves.
+  pair = hopper_tiling.default_config(128, 7168, 16384)
+  assert pair.cluster_n == 2 and hopper_cost.unmodelled(pair, 128, 24576, 16384)
+  assert hopper_tiling.default_config(128, 7168, 7168).cluster_n == 1
+  # The 4-deep ring of 128 x 256 tiles: faster than 3 stages where it chains over
+  # >= 64 K blocks, slower at 56.
+  deep = hopper_tiling.default_config(4096, 7168, 16384)
+  three = dataclasses.replace(deep, stages=3)
+  assert deep.stages == 4 and est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
+  assert est(deep, 4096, 4096, 7168) > est(three, 4096, 4096, 7168)
+  # Tiles the model has no measurement for are left to autotuning.
+  odd = hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m")
+  assert "measurement" in hopper_cost.unmodelled(odd, 4096, 4096, 4096)
+  assert math.isinf(est(odd, 4096, 4096, 4096))
+
+
+def test_default_config_rules():
+  # Decode shapes take 64-row tiles (a 128-row tile would be mostly padding).
+  for n, k in ((2112, 7168), (24576, 1536), (7168, 2048)):
+    assert hopper_tiling.default_config(1, n, k).tile_m == 64
+    assert hopper_tiling.default_config(64, n, k).tile_m == 64
+  big = hopper_tiling.default_config(4096, 7168, 2048)
+  assert (big.tile_m, big.tile_n, big.consumers) == (128, 256, 2)
+  # Two 64 x 128 chunks per consumer: the producer keeps more registers so that
+  # ptxas's allocation of the consumers' K loop does not spill.
+  assert big.producer_registers == 72
+  assert hopper_tiling.default_config(64, 7168, 2048).producer_registers == 40
+  # Long K loops: a 4-deep ring that divides the K blocks, chained; not at K=7168.
+  long_k = hopper_tiling.default_config(4096, 7168, 16384)
+  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 4096, 7168, 16384)
+  assert hopper_tiling.default_config(4096, 4096, 7168).stages == 3
+  # Narrow N at large M: three consumers' 192-row tiles fill the waves (3 of them,
+  # where 128 x 128 tiles need 4.1).
+  narrow = hopper_tiling.default_config(4096, 2112, 7168)
+  assert (narrow.tile_m, narrow.tile_n, narrow.consumers) == (192, 128, 3)
+  # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
+  short = hopper_tiling.default_config(4096, 32768, 512)
+  assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
+  assert hopper_tiling.chains_tiles(short, 4096, 32768, 512)
+  # ... but not where 192-row tiles would be a third padding.
+  assert hopper_tiling.default_config(256, 32768, 512).tile_m != 192
+  # Autotuning may try three consumer warpgroups (192 x 128 tiles) at large M.
+  assert any(c.consumers == 3 for c in hopper_tiling.candidate_configs(4096, 2112, 7168))
+  # Where tilings tie on waves, the one whose tiles chain (128 x 64: 3 per CTA, a
+  # 6-deep ring dividing the 12 K blocks) over one wave of unchained 128 x 256.
+  mid = hopper_tiling.default_config(128, 24576, 1536)
+  assert (mid.tile_m, mid.tile_n) == (128, 64) and hopper_tiling.chains_tiles(mid, 128, 24576, 1536)
+  # One wave of 64 x 192 tiles (three consumers) where 256-wide tiles leave a quarter
+  # of the SMs idle; for M > 64 not over several waves (two 64-row tiles per B tile).
+  wide = hopper_tiling.default_config(64, 24576, 1536)
+  assert (wide.tile_m, wide.tile_n, wide.consumers, wide.k_step) == (64, 192, 3, 2)
+  assert hopper_tiling.default_config(128, 12288, 1536).consumers == 3
+  assert hopper_tiling.default_config(128, 24576, 512).consumers == 2
+  assert any(c.consumers == 3 for c in hopper_tiling.candidate_configs(64, 24576, 1536))
+  # Narrow N at small M: tiles (x K splits) enough to give most of the 132 SMs work.
+  for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (128, 4096, 7168), (64, 4096, 7168),
+                  (64, 2112, 2048), (128, 7168, 16384)):
+    cfg = hopper_tiling.default_config(m, n, k)
+    tiles = pl.cdiv(m, cfg.tile_m) * pl.cdiv(n, cfg.tile_n) * cfg.split_k
+    assert 64 <= tiles <= 132, (m, n, k, cfg)
+  # ... by splitting K where it is long: 64-column tiles of all M rows.
+  for m, n, k, split_k in ((64, 2112, 7168, 4), (128, 2112, 7168, 4), (64, 4096, 7168, 2),
+                           (128, 4096, 7168, 2), (1, 2112, 4096, 4)):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (max(64, m), 64, split_k), (m, n, k, cfg)
+  # Decode K loops of >= 12 blocks (and split-K ones) take two blocks per step, in a
+  # ring of the same bytes; shorter ones and large M one.
+  for m, n, k in ((64, 7168, 2048), (128, 24576, 1536), (128, 7168, 16384), (64, 2112, 7168),
+                  (128, 4096, 7168)):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert cfg.k_step == 2, (m, n, k, cfg)
+  for m, n, k in ((128, 32768, 512), (64, 2112, 1024), (4096, 7168, 16384), (4096, 2112, 7168)):
+    assert hopper_tiling.default_config(m, n, k).k_step == 1, (m, n, k)
+  assert hopper_tiling.default_config(64, 7168, 2048).stages == 4  # 8 one-block stages of 64 x 64
+  # 128x24576x1536 still chains (6 steps of 2 blocks on a 3-deep ring).
+  assert hopper_tiling.chains_tiles(mid, 128, 24576, 1536)
+  assert any(c.k_step == 2 for c in hopper_tiling.candidate_configs(128, 7168, 2048))
+  # Autotuning also times pairs of 64-row tiles sharing B (no K split) where M has
+  # two row tiles; no candidate pairs a tile with one wholly past M.
+  assert any(c.cluster_m == 2 and c.tile_m == 64 and c.split_k == 1
+             for c in hopper_tiling.candidate_configs(128, 4096, 7168))
+  for m, n, k in ((64, 4096, 7168), (128, 7168, 2048), (200, 7000, 1000), (4096, 7168, 2048)):
+    for c in hopper_tiling.candidate_configs(m, n, k):
+      assert c.cluster_m == 1 or pl.cdiv(m, c.tile_m) >= 2, (m, n, k, c)
+  # Decode (and split-K decode) multiplies the scales at promotion; the chained
+  # short-K tiles of large M carry their product.
+  for m, n, k in ((64, 7168, 16384), (128, 7168, 2048), (1, 2112, 7168), (128, 4096, 7168)):
+    assert not hopper_tiling.default_config(m, n, k).scale_product, (m, n, k)
+    assert not any(c.scale_product for c in hopper_tiling.candidate_configs(m, n, k)), (m, n, k)
+  assert hopper_tiling.default_config(4096, 32768, 512).scale_product
+  # One wave of 128-row tiles over a long K: pairs of CTAs share A.
+  assert hopper_tiling.default_config(128, 7168, 16384).cluster_n == 2
+  for m, n, k in ((128, 24576, 1536), (128, 7168, 2048), (128, 4096, 7168), (64, 7168, 16384)):
+    assert hopper_tiling.default_config(m, n, k).cluster_n == 1, (m, n, k)
+  # Not where the tiles already fill the SMs, K is short, or M is large.
+  for m, n, k in ((128, 7168, 16384), (64, 2112, 2048), (64, 24576, 1536), (256, 2112, 7168)):
+    assert hopper_tiling.default_config(m, n, k).split_k == 1, (m, n, k)
+  for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (4096, 7168, 16384), (4096, 2112, 7168),
+                  (4097, 7000, 1000), (4096, 32768, 512), (64, 32768, 512), (64, 24576, 1536),
+                  (7, 18432, 512)):
+    for out_dtype in (BF16, F32):
+      for c_dtype in (None, jnp.float32):
+        cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+        cfg.check()
+        assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper_tiling.SMEM_BYTES
+
+
+def test_cost_model_chain_rule():
+  # The tiling rules' cost model charges less per tile where every CTA runs
+  # >= 2 tiles and the ring wraps at a tile's end (the kernel's ring always runs on).
+  assert hopper_tiling.chains_tiles(CHAIN, 200, 150, 512)        # 12 tiles on 2 CTAs, 4 K blocks
+  assert hopper_tiling.chains_tiles(CHAIN, 130, 300, 500)        # 15 tiles: 8 and 7 per CTA
+  assert hopper_tiling.chains_tiles(CHAIN_3, 130, 200, 384)      # 4 tiles, 3 K blocks, 3 stages
+  assert not hopper_tiling.chains_tiles(CHAIN, 64, 64, 512)      # one tile: one CTA, no chain
+  assert not hopper_tiling.chains_tiles(CHAIN, 100, 64, 512)     # 2 tiles on 2 CTAs: one each
+  assert not hopper_tiling.chains_tiles(CHAIN, 200, 150, 384)    # 3 K blocks, 2 stages
+  # Large-M default tilings chain where their ring divides the K blocks.
+  wide = hopper_tiling.default_config(4096, 24576, 1536)
+  assert hopper_tiling.chains_tiles(wide, 4096, 24576, 1536)
+  assert hopper_tiling.chains_tiles(THREE_WG, 400, 260, 512)      # 3 x 3 tiles of 192 x 128, 2 CTAs
