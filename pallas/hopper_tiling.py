@@ -50,6 +50,18 @@ def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> Hoppe
 # balances the waves where N is narrow.
 _LARGE_M_TILES = ((128, 256, "n", 2, 1.0), (128, 128, "m", 2, 0.93),
                   (192, 128, "m", 3, 0.95), (64, 128, "n", 2, 0.8))
+# Ragged groups (row masks: a K-pass loop around the K loop) spill where a
+# warpgroup holds two row chunks: tiles of one 64-row chunk row per warpgroup;
+# 128 x 256 split by rows is the fastest of them over long K loops, 192 x 128
+# of three consumers over short ones (<= _SHORT_K_BLOCKS_WIDE_TILE blocks).
+_RAGGED_TILES = ((128, 256, "m", 2, 1.0), (192, 128, "m", 3, 0.97),
+                 (128, 128, "m", 2, 0.96), (64, 128, "n", 2, 0.8))
+_RAGGED_SHORT_K_TILES = ((192, 128, "m", 3, 1.0), (128, 256, "m", 2, 0.95),
+                         (128, 128, "m", 2, 0.94), (64, 128, "n", 2, 0.8))
+# Per-row b scales (a column factor per chunk column next to the row factors)
+# spill beyond one 64 x 128 accumulator per warpgroup: 128 x 128 tiles, the
+# warpgroups side by side (two 64 x 64 chunks each) slightly ahead.
+_PER_ROW_B_TILES = ((128, 128, "n", 2, 1.0), (128, 128, "m", 2, 0.96), (64, 128, "n", 2, 0.8))
 # Up to this many K blocks a tile's fixed cost (first loads, epilogue) outweighs
 # its K loop: _SHORT_K_TILE tiles with a ring as deep as the K loop.
 _CHAIN_K_BLOCKS = 4
@@ -125,10 +137,15 @@ def _decode_split_k(m: int, n: int, k: int, num_sms: int) -> HopperConfig | None
   return None
 
 
-def _chunks_per_warpgroup(tile_m, tile_n, wg_split, consumers) -> int:
-  cfg = HopperConfig(tile_m=tile_m, tile_n=tile_n, wg_split=wg_split, consumers=consumers)
-  wm, wn = cfg.wg_tile()
-  return (wm // CHUNK_M) * pl.cdiv(wn, SCALE_N)
+def _large_m_tiles(k_blocks: int, *, b_scale_rows: int, row_masks: bool):
+  """The large-M tile table of a problem: ragged groups and per-row b scales
+  have their own (register pressure; see the tables)."""
+  if row_masks:
+    short = k_blocks <= _SHORT_K_BLOCKS_WIDE_TILE
+    return _RAGGED_SHORT_K_TILES if short else _RAGGED_TILES
+  if b_scale_rows == 1:
+    return _PER_ROW_B_TILES
+  return _LARGE_M_TILES
 
 
 def _with_registers(cfg: HopperConfig) -> HopperConfig:
@@ -225,13 +242,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
       chained = _fit_stages(chained, out_dtype, c_dtype, max_stages=k_blocks)
       if chains_tiles(chained, m, n, k, groups):
         return chained
-    tiles = _LARGE_M_TILES
-    if b_scale_rows == 1 or row_masks:
-      # Per-row b scales (a column factor per chunk column next to the row
-      # factors) and ragged groups (row masks, a K-pass loop around the K loop)
-      # spill with two chunks per warpgroup: tiles of one chunk, of two consumer
-      # warpgroups (232 registers each, not three's 152), leave the registers.
-      tiles = [t for t in tiles if _chunks_per_warpgroup(*t[:4]) == 1 and t[3] == 2]
+    tiles = _large_m_tiles(k_blocks, b_scale_rows=b_scale_rows, row_masks=row_masks)
     tm, tn, split, consumers, _ = max(tiles, key=score)
     max_stages = _ring_stages(tm, tn)
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor=order,
