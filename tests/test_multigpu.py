@@ -1,8 +1,8 @@
 """The grouped GEMMs and the training op sharded over several devices (issue 23).
 
-On a machine with >= 2 GPUs every GPU takes part (an even number of them:
-expert, data and tensor parallelism over real GPUs, NCCL collectives,
-DeepSeek-V3-like shapes, the Pallas kernels). Elsewhere two of the CPU
+On a machine with >= 2 GPUs, all of them take part (2, 4 or 8: the most it
+has): expert, data and tensor parallelism over real GPUs, NCCL collectives,
+DeepSeek-V3-like shapes, the Pallas kernels. Elsewhere two of the CPU
 devices (tests/conftest.py makes 8) run the same logic on small shapes with
 the reference backend, so CI exercises, and can fail, every assertion here.
 backend="auto" throughout.
@@ -53,10 +53,12 @@ def _gpus():
 
 
 def _devices():
-  """Every GPU (an even number of them) if there are >= 2, else CPU_DEVICES CPU devices."""
+  """The GPUs if there are >= 2 (2, 4 or 8 of them: the largest such count, so
+  that the 8 experts, the rows and the 128-column blocks split evenly), else
+  CPU_DEVICES CPU devices."""
   gpus = _gpus()
   if len(gpus) >= 2:
-    return gpus[:len(gpus) - len(gpus) % 2]
+    return gpus[:max(n for n in (2, 4, 8) if n <= len(gpus))]
   return jax.devices("cpu")[:CPU_DEVICES]
 
 
@@ -69,7 +71,6 @@ pytestmark = pytest.mark.skipif(len(DEVICES) < 2, reason="needs >= 2 GPUs or 2 C
 # hardware"); the CPU reference and interpret mode keep 1e-5.
 BOUND = {np.dtype(F32): 2.5e-4 if ON_GPU else testing.TOLERANCE[np.dtype(F32)],
          np.dtype(BF16): testing.TOLERANCE[np.dtype(BF16)]}
-
 
 
 # ---- shapes ---------------------------------------------------------------------------
