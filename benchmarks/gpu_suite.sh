@@ -7,6 +7,9 @@
 #     bash benchmarks/gpu_suite.sh grouped        # MoE grouped GEMMs (issue 20)
 #     bash benchmarks/gpu_suite.sh training mlp   # one layer fwd+bwd, wgrad (issue 21); MLP (22)
 #     bash benchmarks/gpu_suite.sh compare        # old vs new tree, 18 shapes, alternated
+#     bash benchmarks/gpu_suite.sh multigpu       # on >= 2 GPUs (nvidia-h200-x2/-x4): the
+#                                                 # grouped ops and jax_fp8.dense sharded over
+#                                                 # all GPUs, and tests/test_sharding_gpu.py
 #
 # (All parts do not fit in one device call of 600 s: on the H100 the GPU tests
 # took 335 s serially at 12:00 on 2026-11-23 and the benchmark ~190 s.)
@@ -15,7 +18,8 @@
 # Writes to $OUT (default ./.out): suite.log, and per part: pytest.log; bench.log,
 # results.json, results.png; quant.log, quant.json; grouped.log, grouped.json,
 # grouped.png; training.log, training.json, training.png; mlp.log, mlp.json,
-# mlp.png; compare.log, compare.json. Each file is capped at 15 MiB.
+# mlp.png; compare.log, compare.json; multigpu.log (`nvidia-smi topo -m`, then
+# pytest with every check's line, -rP). Each file is capped at 15 MiB.
 #
 # Knobs (environment):
 #   SUITE_PARTS="tests bench quant"   which parts run, in this order
@@ -37,6 +41,7 @@
 #                                     --mgpu_config=64x256x64x4x2)
 #   SUITE_TRAINING_ARGS=""            extra arguments of training.py (e.g. --kinds=wgrad)
 #   SUITE_MLP_ARGS=""                 extra arguments of mlp.py
+#   SUITE_MULTIGPU_ARGS=""            extra pytest arguments of the multigpu part
 #   SUITE_OLD_TREE=scratch/old        compare: the old checkout (e.g. `mkdir -p
 #                                     scratch/old && git archive main | tar -x -C
 #                                     scratch/old`, carried to the device)
@@ -45,7 +50,8 @@
 #                                     both trees' blockwise_dot.py (+ --iters)
 #   SUITE_TESTS_TIMEOUT=540 SUITE_BENCH_TIMEOUT=480 SUITE_QUANT_TIMEOUT=40
 #   SUITE_GROUPED_TIMEOUT=540 SUITE_TRAINING_TIMEOUT=300 SUITE_MLP_TIMEOUT=240
-#   SUITE_COMPARE_TIMEOUT=560         seconds; a benchmark starts no new case after
+#   SUITE_COMPARE_TIMEOUT=560 SUITE_MULTIGPU_TIMEOUT=420
+#                                     seconds; a benchmark starts no new case after
 #                                     its timeout - 45 s (--time_budget_s) and lists
 #                                     what it did not run. The limits of the parts of
 #                                     one call must add up to less than the device's
@@ -173,8 +179,23 @@ EOF
         --bench_args="$bench_args --iters=${SUITE_ITERS:-20}" --json_out="$OUT/compare.json"
       sed -n '/^new\/old = /,$p' "$OUT/compare.log" | tee -a "$SUITE_LOG"
       ;;
+    multigpu)
+      # Issue 23: one pytest process over every GPU (the tests build meshes of all
+      # of them, so no xdist). NVLink multicast (NVLS) stays off, as the device
+      # machines require. The log starts with the GPUs' interconnect.
+      export NCCL_NVLS_ENABLE=0
+      # shellcheck disable=SC2086
+      run_part multigpu "${SUITE_MULTIGPU_TIMEOUT:-420}" "$OUT/multigpu.log" \
+        bash -c 'nvidia-smi topo -m 2>&1; echo; exec "$@"' multigpu \
+        "$PY" -m pytest -v -rfEsP --durations=20 -p no:cacheprovider \
+        ${SUITE_MULTIGPU_ARGS:-} tests/test_multigpu.py tests/test_sharding_gpu.py
+      # Per test its outcome, each failed check, and pytest's last line.
+      { grep -E '::\S+ (PASSED|FAILED|ERROR|SKIPPED)' "$OUT/multigpu.log"
+        grep -E '^\[[^]]*\] FAILED ' "$OUT/multigpu.log" | head -n 40
+        tail -n 1 "$OUT/multigpu.log"; } | tee -a "$SUITE_LOG"
+      ;;
     *)
-      say "unknown part '$part' (parts: tests bench quant grouped training mlp compare)"
+      say "unknown part '$part' (parts: tests bench quant grouped training mlp compare multigpu)"
       STATUS=1 ;;
   esac
 done

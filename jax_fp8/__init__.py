@@ -17,7 +17,8 @@ from jax_fp8.grouped import (blockwise_fp8_masked_dot, blockwise_fp8_masked_dot_
                              blockwise_fp8_ragged_dot, blockwise_fp8_ragged_dot_p)
 from jax_fp8.primitive import NotDifferentiableError, blockwise_fp8_dot, blockwise_fp8_dot_p
 from jax_fp8.quantize import (dequantize_128x128, dequantize_1x128, quantize_128x128,
-                              quantize_1x128, quantize_1x128_with_transpose)
+                              quantize_128x128_with_transpose, quantize_1x128,
+                              quantize_1x128_with_transpose)
 
 # jax_fp8.nn (a Flax NNX layer) is imported on demand only: flax is an optional extra.
 
@@ -27,6 +28,6 @@ __all__ = [
     "blockwise_fp8_dot_p", "blockwise_fp8_glu", "blockwise_fp8_glu_p",
     "blockwise_fp8_masked_dot", "blockwise_fp8_masked_dot_p", "blockwise_fp8_ragged_dot",
     "blockwise_fp8_ragged_dot_p", "dense",
-    "dequantize_128x128", "dequantize_1x128", "quantize_128x128", "quantize_1x128",
-    "quantize_1x128_with_transpose",
+    "dequantize_128x128", "dequantize_1x128", "quantize_128x128",
+    "quantize_128x128_with_transpose", "quantize_1x128", "quantize_1x128_with_transpose",
 ]

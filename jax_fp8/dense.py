@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_fp8.primitive import blockwise_fp8_dot
-from jax_fp8.quantize import quantize_128x128, quantize_1x128_with_transpose
+from jax_fp8.quantize import quantize_128x128_with_transpose, quantize_1x128_with_transpose
 
 DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
 
@@ -83,9 +83,10 @@ def _forward(x, kernel, dtypes):
   """x [T, K], kernel [K, N] -> (y [T, N], residuals for the backward pass)."""
   out_dtype = dtypes[0]
   q, s, q_t, s_t = quantize_1x128_with_transpose(x)
-  qk, sk = quantize_128x128(kernel)            # [K, N] e4m3, [ceil(K/128), ceil(N/128)]
-  # The op takes b as [N, K] (K-major): the 128x128 grid transposed with its data.
-  y = blockwise_fp8_dot(q, s, qk.T, sk.T, out_dtype=out_dtype)
+  # [K, N] e4m3 and [ceil(K/128), ceil(N/128)] for dgrad; the forward's b is
+  # [N, K] (K-major): the same blocks transposed, written from the same read.
+  qk, sk, qk_t, sk_t = quantize_128x128_with_transpose(kernel)
+  y = blockwise_fp8_dot(q, s, qk_t, sk_t, out_dtype=out_dtype)
   return y, (q_t, s_t, qk, sk)
 
 
@@ -98,9 +99,11 @@ def _backward(dtypes, residuals, dy):
   dx = blockwise_fp8_dot(dq, ds, qk, sk, out_dtype=x_dtype)
   if tokens == 0:  # nothing to contract over
     return dx, jnp.zeros(qk.shape, kernel_dtype)
-  # wgrad: contracts over the tokens, per-row scales on both operands.
-  dk = blockwise_fp8_dot(q_t, s_t, dq_t, ds_t, out_dtype=jnp.float32, b_scale_block=(1, 128))
-  return dx, dk.astype(kernel_dtype)
+  # wgrad: contracts over the tokens, per-row scales on both operands; float32
+  # accumulation rounded once to the kernel's dtype in the GEMM's epilogue (no
+  # float32 copy of the gradient through HBM).
+  dk = blockwise_fp8_dot(q_t, s_t, dq_t, ds_t, out_dtype=kernel_dtype, b_scale_block=(1, 128))
+  return dx, dk
 
 
 _dense_2d.defvjp(_forward, _backward)

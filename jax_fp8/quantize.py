@@ -263,6 +263,11 @@ def _jnp_quantize_1x128_with_transpose(x, *, power_of_two_scales: bool = False):
   return q, s, q_t, s_t
 
 
+def _jnp_quantize_128x128_with_transpose(w, *, power_of_two_scales: bool = False):
+  q, s = _jnp_quantize_128x128(w, power_of_two_scales=power_of_two_scales)
+  return q, s, q.T, s.T  # a 128x128 block grid is transpose-invariant
+
+
 def _pallas_unavailable(op: str, x, shape) -> str | None:
   """Why the Pallas kernel cannot run `op` on x (as a 2-D array of `shape`) here, or None."""
   try:
@@ -363,3 +368,23 @@ def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False, backend
   return _dispatch("quantize_128x128", w, w.shape, backend,
                    functools.partial(_jnp_quantize_128x128, power_of_two_scales=pow2),
                    lambda w: _kernels().quantize_128x128(w, power_of_two_scales=pow2))
+
+
+def quantize_128x128_with_transpose(w: jax.Array, *, power_of_two_scales: bool = False,
+                                    backend: str = "auto"):
+  """w [N, K] -> (q [N, K], s [ceil(N/128), ceil(K/128)], q_t [K, N], s_t = s.T).
+
+  quantize_128x128(w) and its transpose (exact: a 128x128 block grid is
+  transpose-invariant), both FP8 copies written from one read of w by the
+  Pallas kernel; jax_fp8.dense's forward (b = q_t, K-major) and dgrad (b = q)
+  take one each. backend: as quantize_1x128.
+  """
+  w = jnp.asarray(w)
+  _check_float(w, "w")
+  if w.ndim != 2:
+    raise ValueError(f"w must be 2-D [N, K], got shape {w.shape}")
+  pow2 = power_of_two_scales
+  return _dispatch(
+      "quantize_128x128", w, w.shape, backend,
+      functools.partial(_jnp_quantize_128x128_with_transpose, power_of_two_scales=pow2),
+      lambda w: _kernels().quantize_128x128(w, power_of_two_scales=pow2, with_transpose=True))

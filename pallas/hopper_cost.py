@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from jax_fp8.pallas import hopper
-from jax_fp8.pallas.common import K_BLOCK
+from jax_fp8.pallas.common import K_BLOCK, SCALE_N
 from jax_fp8.pallas.hopper import HopperConfig
 
 # M up to which a problem is bandwidth-bound (decode): every B tile is read by
@@ -59,6 +59,19 @@ _CHAINED_DECODE_FIXED_COLUMNS = 16
 # read less A and B per FLOP; 192 x 128 balances the waves where N is narrow.
 LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
                  (192, 128, "m", 3): 0.95, (64, 128, "n", 2): 0.8}
+# Ragged groups (row masks: a K-pass loop around the K loop) spill where a
+# warpgroup holds two row chunks: tiles of one 64-row chunk row per warpgroup;
+# 128 x 256 split by rows is the fastest of them over long K loops, 192 x 128
+# of three consumers over short ones (up to RAGGED_SHORT_K_BLOCKS).
+RAGGED_TILES = {(128, 256, "m", 2): 1.0, (192, 128, "m", 3): 0.97,
+                (128, 128, "m", 2): 0.96, (64, 128, "n", 2): 0.8}
+RAGGED_SHORT_K_TILES = {(192, 128, "m", 3): 1.0, (128, 256, "m", 2): 0.95,
+                        (128, 128, "m", 2): 0.94, (64, 128, "n", 2): 0.8}
+RAGGED_SHORT_K_BLOCKS = 16
+# Per-row b scales (a column factor per chunk column next to the row factors)
+# spill beyond one 64 x 128 accumulator per warpgroup: 128 x 128 tiles, the
+# warpgroups side by side (two 64 x 64 chunks each) slightly ahead.
+PER_ROW_B_TILES = {(128, 128, "n", 2): 1.0, (128, 128, "m", 2): 0.96, (64, 128, "n", 2): 0.8}
 # One K block of a 128 x 256 tile at large M (~1300 TFLOP/s over 132 SMs).
 _TILE_BLOCK_US = 0.85
 # A large-M tile's fixed part (first loads, epilogue) in K blocks of its own
@@ -75,7 +88,7 @@ RING_BYTES = 144 * 1024
 _L1_LOSS = 1.03
 # ... except a 4-deep ring of 128 x 256 tiles chained over a K loop of at least
 # this many blocks: its K loop runs faster (at 56 blocks it was slower).
-_DEEP_RING_TILE = (128, 256, "n", 2)
+_DEEP_RING_TILE = (128, 256)
 _DEEP_RING_STAGES = 4
 _DEEP_RING_MIN_BLOCKS = 64
 _DEEP_RING_GAIN = 0.95
@@ -114,6 +127,17 @@ def tile_key(cfg: HopperConfig) -> tuple:
   return cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.consumers
 
 
+def large_m_tiles(k: int, *, b_scale_rows: int = SCALE_N, row_masks: bool = False) -> dict:
+  """The large-M tile table of a problem: ragged groups and per-row b scales
+  have their own (register pressure; see the tables)."""
+  if row_masks:
+    short = _cdiv(k, K_BLOCK) <= RAGGED_SHORT_K_BLOCKS
+    return RAGGED_SHORT_K_TILES if short else RAGGED_TILES
+  if b_scale_rows == 1:
+    return PER_ROW_B_TILES
+  return LARGE_M_TILES
+
+
 def units(cfg: HopperConfig, m: int, n: int, groups: int = 1) -> int:
   """Units of work of the persistent grid: clusters of tiles x K splits x groups."""
   return (_cdiv(_cdiv(m, cfg.tile_m), cfg.cluster_m)
@@ -142,7 +166,7 @@ def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1,
 
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:
   """The 4-deep ring of 128 x 256 tiles at large M (past RING_BYTES)."""
-  return (m > DECODE_MAX_M and tile_key(cfg) == _DEEP_RING_TILE and cfg.k_step == 1
+  return (m > DECODE_MAX_M and (cfg.tile_m, cfg.tile_n) == _DEEP_RING_TILE and cfg.k_step == 1
           and cfg.stages == _DEEP_RING_STAGES)
 
 
@@ -157,13 +181,18 @@ def _past_ring_bytes(cfg: HopperConfig) -> bool:
   return cfg.stages > ring_stages(cfg) + (cfg.cluster_n > 1)
 
 
-def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1,
+def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
+               b_scale_rows: int = SCALE_N, row_masks: bool = False,
                num_sms: int | None = None) -> str | None:
-  """Why the model has no estimate for cfg (autotuning still times it), or None."""
+  """Why the model has no estimate for cfg (autotuning still times it), or None.
+  groups: GEMMs of this shape side by side; b_scale_rows=1: per-row b scales;
+  row_masks: ragged groups; num_sms: the device's, if cfg does not say."""
   decode = m <= DECODE_MAX_M
   one_wave = units(cfg, m, n, groups) <= grid(cfg, m, n, groups, num_sms)
-  if tile_key(cfg) not in (DECODE_TILES if decode else LARGE_M_TILES):
-    return "a tile shape without a measurement at this M"
+  table = DECODE_TILES if decode else large_m_tiles(k, b_scale_rows=b_scale_rows,
+                                                    row_masks=row_masks)
+  if tile_key(cfg) not in table:
+    return "a tile shape without a measurement for this problem"
   if decode and cfg.split_k == 1 and cfg.tile_m > max(64, m):
     return "a decode tile taller than M"
   if cfg.cluster_m > 1:
@@ -197,19 +226,19 @@ def _k_loop_blocks(cfg: HopperConfig, k: int) -> float:
   return blocks * (1 - _TWO_BLOCK_SAVING) + _TWO_BLOCK_FILL_BLOCKS
 
 
-def _decode_unit_us(cfg, m, k, chained) -> float:
+def _decode_unit_us(cfg, m, k, chained, table) -> float:
   del m
   fixed = _CHAINED_DECODE_FIXED_COLUMNS if chained else _DECODE_FIXED_COLUMNS
-  columns = DECODE_TILES[tile_key(cfg)] * (cfg.tile_n + fixed)
+  columns = table[tile_key(cfg)] * (cfg.tile_n + fixed)
   if cfg.cluster_n > 1:
     columns -= _SHARED_A_COLUMNS
   cluster_us = _CLUSTER_US if cfg.cluster_n > 1 else 0.0
   return columns * _k_loop_blocks(cfg, k) * _COLUMN_BLOCK_US + cluster_us
 
 
-def _large_m_unit_us(cfg, m, k, chained) -> float:
+def _large_m_unit_us(cfg, m, k, chained, table) -> float:
   area = cfg.tile_m * cfg.tile_n / (128 * 256)  # in 128 x 256 tiles
-  block_us = area / LARGE_M_TILES[tile_key(cfg)] * _TILE_BLOCK_US
+  block_us = area / table[tile_key(cfg)] * _TILE_BLOCK_US
   loop = _k_loop_blocks(cfg, k)
   fixed = _LARGE_M_FIXED_BLOCKS
   if _deep_ring(cfg, m) and chained and _cdiv(k, K_BLOCK) >= _DEEP_RING_MIN_BLOCKS:
@@ -221,17 +250,23 @@ def _large_m_unit_us(cfg, m, k, chained) -> float:
   return block_us * (loop + fixed)
 
 
-def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1,
+def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
+                      b_scale_rows: int = SCALE_N, row_masks: bool = False,
                       num_sms: int | None = None) -> float:
-  """The model's time of cfg at this shape (inf where `unmodelled`); num_sms:
-  the device's SM count if cfg does not give the grid's."""
+  """The model's time of cfg at this shape (inf where `unmodelled`; the
+  arguments as there)."""
   num_sms = cfg.num_sms or num_sms or hopper.num_sms()
-  if unmodelled(cfg, m, n, k, groups, num_sms):
+  if unmodelled(cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks,
+                num_sms=num_sms):
     return math.inf
   chained = chains_tiles(cfg, m, n, k, groups, num_sms)
-  unit = _decode_unit_us if m <= DECODE_MAX_M else _large_m_unit_us
+  if m <= DECODE_MAX_M:
+    unit, table = _decode_unit_us, DECODE_TILES
+  else:
+    unit, table = _large_m_unit_us, large_m_tiles(k, b_scale_rows=b_scale_rows,
+                                                  row_masks=row_masks)
   waves = _cdiv(units(cfg, m, n, groups), grid(cfg, m, n, groups, num_sms))
-  time = waves * unit(cfg, m, k, chained)
+  time = waves * unit(cfg, m, k, chained, table)
   if cfg.split_k > 1:
     time += _SPLIT_K_REDUCTION_US
   # Rounded to 0.1 ns: equal estimates compare equal (the first candidate wins).

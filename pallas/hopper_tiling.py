@@ -7,13 +7,14 @@ The candidates of a shape, in the cost model's order (the default first):
 - decode (M <= 128): hopper_cost.DECODE_TILES (128-row ones only where M > 64),
   each with one- and two-block pipeline steps; K cut into 2 or 4 ranges; pairs
   of 128-row CTAs sharing their A tile (two-block steps, one stage more).
-- larger M: hopper_cost.LARGE_M_TILES; 128 x 256 also with a 4-deep ring;
-  192 x 128 also with a ring holding a short K loop (2..4 blocks) whole.
+- larger M: the problem's tile table (hopper_cost.large_m_tiles: dense, ragged
+  groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
+  4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks).
 - what autotuning also tries (the model has no measurement for it, so it is
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
 Every candidate is completed the same way: the widest epilogue store, the
-producer's registers, the ring fitted into SMEM. Restrictions are filters:
-`_per_row_b_allows`, `_ragged_allows`, `_grouped_allows`.
+producer's registers, the ring fitted into SMEM. Grouped schedulers take no K
+splits and no clusters (`_grouped_allows`).
 
 The measurements behind the model are in benchmarks/RESULTS.md ("Hopper tiling
 rules"); the code keeps the reasons.
@@ -49,19 +50,6 @@ _SHORT_K_BLOCKS_WIDE_TILE = 16
 def _chunks_per_warpgroup(cfg: HopperConfig) -> int:
   wm, wn = cfg.wg_tile()
   return (wm // CHUNK_M) * pl.cdiv(wn, SCALE_N)
-
-
-def _per_row_b_allows(cfg: HopperConfig) -> bool:
-  """Per-row b scales (a column factor per chunk column next to the row
-  factors) spill with two chunks per warpgroup: one-chunk warpgroups, two of
-  them (232 registers each, not three's 152)."""
-  return _chunks_per_warpgroup(cfg) == 1 and cfg.consumers == 2
-
-
-def _ragged_allows(cfg: HopperConfig) -> bool:
-  """Ragged groups (row masks, a K-pass loop around the K loop) spill like
-  per-row b scales: one-chunk warpgroups, two of them."""
-  return _chunks_per_warpgroup(cfg) == 1 and cfg.consumers == 2
 
 
 def _grouped_allows(cfg: HopperConfig) -> bool:
@@ -108,8 +96,8 @@ def _order_and_scales(m: int) -> dict:
   return dict(grid_minor="n" if m >= 1024 else "m", scale_product=m > hopper_cost.DECODE_MAX_M)
 
 
-def _forms(m: int, k: int):
-  """(tile, fields, deeper) of every candidate form at this M and K before it is
+def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool):
+  """(tile, fields, deeper) of every candidate form of a problem before it is
   completed: HopperConfig fields, and the ring's stages past ring_stages (where
   the fields do not give them)."""
   k_blocks = pl.cdiv(k, K_BLOCK)
@@ -135,20 +123,15 @@ def _forms(m: int, k: int):
             yield t, dict(base, split_k=split_k, k_step=2), 0
   else:
     base = _order_and_scales(m)
-    for t in (*hopper_cost.LARGE_M_TILES, *_EXPLORED_LARGE_M_TILES):
+    tiles = hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows, row_masks=row_masks)
+    if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe
+      tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
+    for t in tiles:
       for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 else (1,):
         yield t, dict(base, cluster_m=cluster_m), 0
         yield t, dict(base, cluster_m=cluster_m), 1         # 128 x 256: the deep ring
       if t in hopper_cost.SHORT_K_CHAINED_TILES and 2 <= k_blocks <= hopper_cost.SHORT_K_MAX_BLOCKS:
         yield t, dict(base, stages=k_blocks), 0             # the whole K loop
-
-
-def _restricted(cfg: HopperConfig, m: int, *, b_scale_rows, grouped, row_masks) -> bool:
-  """Whether a restriction of the operation rules cfg out."""
-  large_m = m > hopper_cost.DECODE_MAX_M  # where the spills were found
-  return ((large_m and b_scale_rows == 1 and not _per_row_b_allows(cfg))
-          or (large_m and row_masks and not _ragged_allows(cfg))
-          or (grouped and not _grouped_allows(cfg)))
 
 
 def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16, c_dtype=None,
@@ -169,8 +152,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   cands = candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype,
                             b_scale_rows=b_scale_rows, groups=groups, grouped=grouped,
                             row_masks=row_masks)
-  num_sms = hopper.num_sms()
-  return min(cands, key=lambda c: hopper_cost.estimated_time_us(c, m, n, k, groups, num_sms))
+  return min(cands, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, hopper.num_sms()))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -178,9 +160,10 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
             num_sms) -> tuple[HopperConfig, ...]:
   """candidate_configs for one device (its SM count), computed once."""
   out, seen = [], set()
-  for (tm, tn, split, consumers), fields, deeper in _forms(m, k):
+  for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
+                                                          row_masks=row_masks):
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers, **fields)
-    if _restricted(cfg, m, b_scale_rows=b_scale_rows, grouped=grouped, row_masks=row_masks):
+    if grouped and not _grouped_allows(cfg):
       continue
     cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype))
     stages = fields.get("stages", ring_stages(cfg) + deeper)
@@ -192,8 +175,12 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     if cfg.smem_bytes(out_dtype, c_dtype) <= SMEM_BYTES and cfg not in seen:
       seen.add(cfg)
       out.append(cfg)
-  return tuple(sorted(
-      out, key=lambda c: hopper_cost.estimated_time_us(c, m, n, k, groups, num_sms)))
+  return tuple(sorted(out, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, num_sms)))
+
+
+def _estimate(m, n, k, groups, b_scale_rows, row_masks, num_sms):
+  return lambda cfg: hopper_cost.estimated_time_us(
+      cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks, num_sms=num_sms)
 
 
 def _tune_key(m, n, k, out_dtype, c_dtype) -> str:

@@ -30,6 +30,13 @@ H_SMALL = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="n", stages=2, num_
                               epi_tile_n=32)
 H_SPLIT_M = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, num_sms=2)
 H_TWO_CHUNKS = dataclasses.replace(hopper.HopperConfig(), stages=2, num_sms=2)  # 128 x 256
+# The tilings the rules give ragged groups and per-row b scales at large M.
+H_WIDE_M = hopper.HopperConfig(tile_m=128, tile_n=256, wg_split="m", stages=2, num_sms=2,
+                               producer_registers=72)
+H_THREE_M = hopper.HopperConfig(tile_m=192, tile_n=128, wg_split="m", consumers=3, stages=2,
+                                num_sms=2)
+H_SPLIT_N = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="n", stages=2, num_sms=2,
+                                producer_registers=72)
 B_SMALL = blackwell.BlackwellConfig(tile_n=64, input_stages=2, num_ctas=3, epi_tile_n=32)
 B_WIDE = blackwell.BlackwellConfig(tile_n=256, input_stages=2, tmem_stages=2, num_ctas=2)
 
@@ -97,6 +104,7 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
     ("sm90", dataclasses.replace(H_SMALL, k_step=2), 70, 130, 300, BF16),  # last step past K
     ("sm90", H_SPLIT_M, 200, 136, 384, F32),
     ("sm90", H_TWO_CHUNKS, 136, 264, 256, F32),             # two chunks share a column factor
+    ("sm90", H_SPLIT_N, 200, 136, 384, F32),                # two 64 x 64 chunks per warpgroup
     ("sm100", B_SMALL, 130, 200, 300, F32),
     ("sm100", B_WIDE, 100, 300, 256, BF16),
 ])
@@ -118,6 +126,8 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", H_SMALL, 130, [0, 130]),                          # all rows in one group
     ("sm90", H_SMALL, 150, [200, 5]),                          # the first group cut at M
     ("sm90", H_SPLIT_M, 300, [129, 127, 0, 1]),                # 128-row tiles, two warpgroups
+    ("sm90", H_WIDE_M, 300, [129, 127, 0, 1]),                 # two column chunks per warpgroup
+    ("sm90", H_THREE_M, 400, [100, 191, 0, 1, 60]),            # three consumers, 192-row tiles
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),
     ("sm100", B_SMALL, 200, [-5, 129, 3]),                     # a negative size counts as 0

@@ -459,11 +459,15 @@ def test_api_pallas_interpret():
     qt = jax.jit(lambda x: jax_fp8.quantize_1x128_with_transpose(
         x, power_of_two_scales=True, backend="pallas"))(x[0, 0])
     qw = jax.jit(lambda w: jax_fp8.quantize_128x128(w, backend="pallas"))(w)
+    qwt = jax.jit(lambda w: jax_fp8.quantize_128x128_with_transpose(w, backend="pallas"))(w)
   want_q, want_s = expected("quantize_1x128", x.reshape(-1, 300), False)
   assert q.shape == x.shape and s.shape == (2, 3, 40, 3)
   assert_bitwise((q.reshape(-1, 300), s.reshape(-1, 3)), (want_q, want_s))
   assert_bitwise(qt, expected("quantize_1x128_with_transpose", x[0, 0], True))
   assert_bitwise(qw, expected("quantize_128x128", w, False))
+  assert_bitwise(qwt, expected("quantize_128x128", w, False, with_transpose=True))
+  # The jnp version (the reference elsewhere) gives the same four arrays.
+  assert_bitwise(jax_fp8.quantize_128x128_with_transpose(w, backend="jnp"), qwt)
 
 
 def test_api_backends_on_the_cpu():

@@ -4,8 +4,9 @@
 The default config is the candidate the cost model estimates fastest, and at
 the DeepSeek-V3 dense shapes, the MoE (ragged, masked) shapes and the training
 recipe's shapes it is the config the rules measured on the H100 picked (frozen
-from commit fda5f79; `python tools/tiling_picks.py` compares any two revisions
-over these and wider shape sets).
+from commit fda5f79, the ragged and per-row-b rows from 3d58906, which measured
+their own tile tables; `python tools/tiling_picks.py` compares any two
+revisions over these and wider shape sets).
 """
 import dataclasses
 import itertools
@@ -115,8 +116,8 @@ FROZEN_PICKS = [
                             '128x256n2 s2 e64 on p72': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
-    (32768, 4096, 7168, 'ragged', {'128x128m2 s4 e64 on': 'bf16',
-                                   '128x128m2 s4 e32 on': 'f32'}),
+    (32768, 4096, 7168, 'ragged', {'128x256m2 s3 e64 on p72': 'bf16',
+                                   '128x256m2 s3 e32 on p72': 'f32'}),
     (1024, 4096, 7168, 'masked x1', {'128x256n2 s3 e64 on p72': 'bf16',
                                      '128x256n2 s3 e32 on p72': 'f32'}),
     (512, 4096, 7168, 'masked x2', {'128x256n2 s3 e64 om p72': 'bf16',
@@ -125,8 +126,8 @@ FROZEN_PICKS = [
                                     '128x256n2 s3 e32 om p72': 'f32'}),
     (64, 4096, 7168, 'masked x32', {'64x256n2 s2 e64 om ks2 sep': 'bf16',
                                     '64x256n2 s2 e32 om ks2 sep': 'f32'}),
-    (32768, 7168, 2048, 'ragged', {'128x128m2 s4 e64 on': 'bf16',
-                                   '128x128m2 s4 e32 on': 'f32'}),
+    (32768, 7168, 2048, 'ragged', {'192x128m3 s3 e64 on': 'bf16',
+                                   '192x128m3 s3 e32 on': 'f32'}),
     (1024, 7168, 2048, 'masked x1', {'128x256n2 s3 e128 on p72': 'bf16',
                                      '128x256n2 s3 e64 on p72': 'f32'}),
     (512, 7168, 2048, 'masked x2', {'128x256n2 s3 e128 om p72': 'bf16',
@@ -135,14 +136,14 @@ FROZEN_PICKS = [
                                     '128x256n2 s3 e64 om p72': 'f32'}),
     (64, 7168, 2048, 'masked x32', {'64x256n2 s2 e128 om ks2 sep': 'bf16',
                                     '64x256n2 s2 e64 om ks2 sep': 'f32'}),
-    (7168, 18432, 4096, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
-                                      '128x128m2 s4 e32 on': 'f32'}),
-    (7168, 18432, 16384, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
-                                       '128x128m2 s4 e32 on': 'f32'}),
-    (18432, 7168, 4096, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
-                                      '128x128m2 s4 e32 on': 'f32'}),
-    (18432, 7168, 16384, 'per-row b', {'128x128m2 s4 e64 on': 'bf16',
-                                       '128x128m2 s4 e32 on': 'f32'}),
+    (7168, 18432, 4096, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
+                                      '128x128n2 s4 e32 on p72': 'f32'}),
+    (7168, 18432, 16384, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
+                                       '128x128n2 s4 e32 on p72': 'f32'}),
+    (18432, 7168, 4096, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
+                                      '128x128n2 s4 e32 on p72': 'f32'}),
+    (18432, 7168, 16384, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
+                                       '128x128n2 s4 e32 on p72': 'f32'}),
     (4096, 18432, 7168, '', {'128x256n2 s3 e64 on p72': 'bf16',
                              '128x256n2 s3 e32 on p72': 'f32'}),
     (4096, 7168, 18432, '', {'128x256n2 s4 e64 on p72': 'bf16',
@@ -187,11 +188,14 @@ def _shapes():
 
 def test_default_is_the_cheapest_candidate():
   for m, n, k, kw in _shapes():
-    groups = kw.get("groups", 1)
+    def estimate(cfg):
+      return hopper_cost.estimated_time_us(
+          cfg, m, n, k, kw.get("groups", 1), b_scale_rows=kw.get("b_scale_rows", 128),
+          row_masks=kw.get("row_masks", False))
     cands = hopper_tiling.candidate_configs(m, n, k, **kw)
-    cost = [hopper_cost.estimated_time_us(c, m, n, k, groups) for c in cands]
+    cost = [estimate(c) for c in cands]
     default = hopper_tiling.default_config(m, n, k, **kw)
-    assert default == min(cands, key=lambda c: hopper_cost.estimated_time_us(c, m, n, k, groups))
+    assert default == min(cands, key=estimate)
     assert default in cands and cands[0] == default, (m, n, k, kw)
     assert cost == sorted(cost) and math.isfinite(cost[0]), (m, n, k, kw)
 
@@ -206,15 +210,18 @@ def test_candidates_build_fit_and_say_why_unmodelled():
       assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper_tiling.SMEM_BYTES, (m, n, k, cfg)
       assert m > 64 or cfg.tile_m == 64  # decode never wastes a 128-row tile
       assert cfg.scale_product == (m > hopper_cost.DECODE_MAX_M)
-      why = hopper_cost.unmodelled(cfg, m, n, k, kw.get("groups", 1))
-      assert math.isinf(hopper_cost.estimated_time_us(cfg, m, n, k, kw.get("groups", 1))) == (
-          why is not None), (m, n, k, cfg, why)
+      problem = dict(b_scale_rows=kw.get("b_scale_rows", 128),
+                     row_masks=kw.get("row_masks", False))
+      why = hopper_cost.unmodelled(cfg, m, n, k, kw.get("groups", 1), **problem)
+      estimate = hopper_cost.estimated_time_us(cfg, m, n, k, kw.get("groups", 1), **problem)
+      assert math.isinf(estimate) == (why is not None), (m, n, k, cfg, why)
       if kw.get("grouped"):
         assert cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
       if m > hopper_cost.DECODE_MAX_M and (kw.get("b_scale_rows") == 1 or kw.get("row_masks")):
-        # Per-row b scales and ragged groups: one-chunk warpgroups, two of them.
-        wm, wn = cfg.wg_tile()
-        assert wm == 64 and wn <= 128 and cfg.consumers == 2, (m, n, k, kw, cfg)
+        # Per-row b scales and ragged groups: only the tiles of their own tables.
+        table = hopper_cost.large_m_tiles(k, b_scale_rows=kw.get("b_scale_rows", 128),
+                                          row_masks=kw.get("row_masks", False))
+        assert hopper_cost.tile_key(cfg) in table, (m, n, k, kw, cfg)
 
 
 def test_autotuning_keeps_the_forms_it_tried():

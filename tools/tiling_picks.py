@@ -1,7 +1,7 @@
 """The Hopper default configs (pallas/hopper_tiling.default_config) of this
 checkout against those of another revision, shape by shape; no GPU needed.
 
-    python tools/tiling_picks.py                      # required shapes vs fda5f79
+    python tools/tiling_picks.py                      # required shapes vs the rules
     python tools/tiling_picks.py --shapes=sweep --rev=main
     python tools/tiling_picks.py --shapes=required --table   # the picks as a table
 
@@ -9,7 +9,8 @@ Shape sets: `required` (the 18 DeepSeek-V3 dense shapes x bf16/f32 out x no c,
 f32 c, bf16 c; the ragged and masked MoE shapes; the training recipe's forward,
 dgrad and per-row-b wgrad shapes), `sweep` (M x N x K grid in 8 variants),
 `extended` (a finer grid, 4 variants). The other revision's hopper_tiling.py is
-loaded next to this checkout's kernel modules. SM count pinned to 132 (H100).
+loaded next to this checkout's kernel modules; the default, 3d58906, is the last
+one with rule-based tiling (before the cost model). SM count pinned to 132 (H100).
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def load_revision(rev: str):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rev", default="fda5f79", help="the revision to compare with")
+  parser.add_argument("--rev", default="3d58906", help="the revision to compare with")
   parser.add_argument("--shapes", default="required", choices=("required", "sweep", "extended"))
   parser.add_argument("--table", action="store_true", help="print this checkout's picks")
   args = parser.parse_args()
