@@ -4,6 +4,7 @@ checkout against those of another revision, shape by shape; no GPU needed.
     python tools/tiling_picks.py                      # required shapes vs the rules
     python tools/tiling_picks.py --shapes=sweep --rev=main
     python tools/tiling_picks.py --shapes=required --table   # the picks as a table
+    python tools/tiling_picks.py --shapes=sweep --time       # on a GPU: time both picks
 
 Shape sets: `required` (the 18 DeepSeek-V3 dense shapes x bf16/f32 out x no c,
 f32 c, bf16 c; the ragged and masked MoE shapes; the training recipe's forward,
@@ -110,11 +111,28 @@ def load_revision(rev: str):
   return module
 
 
+def time_pair(m, n, k, kw, configs, rounds=2):
+  """Kernel times (ms) of the configs at one dense shape, alternated over rounds
+  so the noise shows; each output checked against the float32 contract first."""
+  import functools
+  from jax_fp8.pallas import autotune
+  out_dtype, c_dtype = kw["out_dtype"], kw.get("c_dtype")
+  args = autotune.random_operands(0, m, n, k, c_dtype=c_dtype)
+  check = autotune.output_check(args, beta=1.0, tol=2.5e-4 if out_dtype == F32 else 4e-3)
+  times = [[] for _ in configs]
+  for _, (i, cfg) in itertools.product(range(rounds), enumerate(configs)):
+    fn = functools.partial(hopper.blockwise_fp8_dot, beta=1.0, out_dtype=out_dtype, config=cfg)
+    times[i].append(autotune.kernel_time_ms(fn, args, iters=20, check=check))
+  return times
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rev", default="3d58906", help="the revision to compare with")
   parser.add_argument("--shapes", default="required", choices=("required", "sweep", "extended"))
   parser.add_argument("--table", action="store_true", help="print this checkout's picks")
+  parser.add_argument("--time", action="store_true",
+                      help="time both picks where they differ (dense shapes; needs a GPU)")
   args = parser.parse_args()
   hopper.num_sms = lambda: 132
   shapes = {"required": required, "sweep": sweep, "extended": extended}[args.shapes]()
@@ -130,6 +148,12 @@ def main():
     old, new = other.default_config(m, n, k, **kw), hopper_tiling.default_config(m, n, k, **kw)
     if old != new:
       diffs[(spec(old), spec(new))].append(f"{m}x{n}x{k} {name}")
+      if args.time and set(kw) <= {"out_dtype", "c_dtype"}:
+        t_old, t_new = time_pair(m, n, k, kw, (old, new))
+        tflops = lambda ms: 2 * m * n * k / ms / 1e9
+        print(f"{m}x{n}x{k} {name}: {args.rev} {spec(old)} "
+              f"{' '.join(f'{tflops(t):.0f}' for t in t_old)} TFLOP/s; now {spec(new)} "
+              f"{' '.join(f'{tflops(t):.0f}' for t in t_new)} TFLOP/s", flush=True)
   print(f"{total} shapes, {sum(map(len, diffs.values()))} picks differ from {args.rev}")
   for (old, new), where in sorted(diffs.items(), key=lambda d: -len(d[1])):
     print(f"{len(where):5d}  {args.rev}: {old:38s} now: {new:38s} at {', '.join(where[:6])}"
