@@ -130,9 +130,9 @@ def quantize(v, scale_, layout):
 
 # ---- division by a group's reciprocal (QuantizeConfig(division="reciprocal")) ----
 #
-# x / s for every element of a group costs a div.rn.f32 each (a multi-instruction
-# sequence with a reciprocal on the MUFU pipe); the row+column quantiser does two per
-# element read and is compute-bound on it. The group's divisor is shared, so take
+# A div.rn.f32 per element is a multi-instruction sequence (a MUFU reciprocal, its
+# refinement, a range check and a slow-path branch), and the row+column quantiser
+# does two per element it reads. The group's divisor is shared, so take
 # r = RN(1 / s) once per group and per element
 #   q0 = RN(x * r);  rem = fma(q0, s, -x) (exact);  q = fma(-rem, r, q0)
 # (Markstein's correction: q = RN(x / s)). tests/test_quantize_kernels.py checks the
@@ -143,7 +143,7 @@ def quantize(v, scale_, layout):
 # exhaustive, so they keep div.rn.f32. Power-of-two scales need no correction:
 # x * (1 / s) is x / s exactly.
 # The signs are arranged so that a zero x keeps its sign (x = -0 gives -0) and a
-# group with scale Inf gives signed zeros for finite x (the fma with s_eff = 0).
+# group with scale Inf gives signed zeros for finite x (s_fma = 0 in the fma).
 
 SMALL_SCALE = 2.0**-60    # groups below this divide in a domain scaled by 2^64
 SMALL_SCALE_LIFT = 2.0**64
@@ -154,7 +154,8 @@ def _rows(row, shape):
 
 
 def _pointwise_ptx(instrs, *args, layout):
-  """Elementwise inline PTX: instrs(lift) -> fn(*registers); args: float32 arrays in layout."""
+  """Elementwise inline PTX on float32 arrays in `layout`: instrs(ptx) returns a function
+  of one register of each arg, where ptx("op.f32") lifts a PTX instruction to registers."""
   @plgpu.inline_mgpu(arg_types=(layout,) * len(args),
                      return_type=plgpu.ShapeDtypeStruct(args[0].shape, jnp.float32, layout))
   def body(_, *arrays):
@@ -172,8 +173,8 @@ def _markstein(x, scale_rows, layout):
   r = _rows_div(_constant_like(s, 1.0), s, layout)       # RN(1 / s); 0 for Inf, NaN for NaN
   s_fma = jnp.where(s < jnp.inf, s, 0.0)                  # Inf: q = q0 (signed zeros)
 
-  def seq(lift_instr):
-    mul, fma = lift_instr("mul.rn.f32"), lift_instr("fma.rn.f32")
+  def seq(ptx):
+    mul, fma = ptx("mul.rn.f32"), ptx("fma.rn.f32")
 
     def one(x, neg_lift, neg_r, s_fma):
       neg_x = mul(x, neg_lift)          # -x * lift, exact
@@ -191,7 +192,7 @@ def _times_reciprocal(x, scale_rows, layout):
   if device.interpret_mode_active():
     return exact_div(x, _rows(scale_rows, x.shape), layout)
   r = _rows_div(_constant_like(scale_rows, 1.0), scale_rows, layout)
-  return _pointwise_ptx(lambda lift: lift("mul.rn.f32"), x, _rows(r, x.shape), layout=layout)
+  return _pointwise_ptx(lambda ptx: ptx("mul.rn.f32"), x, _rows(r, x.shape), layout=layout)
 
 
 def quantize_rows(v, scale_rows, layout, *, power_of_two: bool, division: str = "div_rn"):
