@@ -92,6 +92,10 @@ _RING_BYTES = 144 * 1024
 # pipeline step in a ring of the same bytes: a warpgroup's step boundary (barrier
 # wait, scale loads, bookkeeping) comes once per two blocks.
 _K_STEP_MIN_BLOCKS = 12
+# ... where the one-block ring holds at least this many stages: a two-block ring
+# of fewer than two stages' bytes starves (128 x 256 decode tiles, 3 one-block
+# stages, bumped to 2 two-block ones: 1.14-1.71x slower, masked decode).
+_K_STEP_MIN_RING = 4
 # Up to this M one-chunk warpgroups carry a_scale and b_scale separately and
 # multiply at promotion (scale_product=False): the product's FMUL otherwise waits
 # at the end of every step for the scale loads issued during its last WGMMA.
@@ -224,7 +228,7 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, grid_minor="m",
                        consumers=consumers, cluster_n=2 if shared_a else 1,
                        scale_product=m > _SEPARATE_SCALES_MAX_M)
-    if k_blocks >= _K_STEP_MIN_BLOCKS:
+    if k_blocks >= _K_STEP_MIN_BLOCKS and max_stages >= _K_STEP_MIN_RING:
       # One stage more where a single wave of CTAs pairs up over a long K.
       cfg, max_stages = _two_block_steps(cfg, max_stages, extra=1 if shared_a else 0)
   else:

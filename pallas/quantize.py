@@ -45,9 +45,10 @@ change no amax, and padded groups' outputs are sliced off).
 
 Exact arithmetic: Mosaic GPU compiles float32 `/` to PTX `div.full.f32` (an
 approximation within 2 ulp), so the compiled kernels divide with
-`div.rn.f32` in inline PTX, or, with QuantizeConfig(division="reciprocal"), from
 the group's correctly rounded reciprocal with one two-FMA correction per element
-(the same FP8 values, a fraction of the instructions: quant_math.quantize_rows).
+(QuantizeConfig(division="reciprocal"), the default: the same FP8 values as
+`div.rn.f32` in inline PTX, division="div_rn", at a fraction of the
+instructions: quant_math.quantize_rows).
 In GPU interpret mode (XLA on the CPU) the
 division is XLA's, with the divisor behind an optimisation barrier (XLA
 rewrites a / broadcast(b) into a * (1 / b), two roundings). The amax is an
@@ -109,7 +110,7 @@ class QuantizeConfig:
   """
   tile_rows: int = 128
   tile_cols: int = 128
-  division: str = "div_rn"
+  division: str = "reciprocal"
 
   def check(self, op: str, dtype) -> None:
     """Raises ValueError naming the field if this tiling cannot run `op` on `dtype`."""
