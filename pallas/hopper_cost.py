@@ -95,9 +95,12 @@ _DEEP_RING_GAIN = 0.95
 
 # Two K blocks per pipeline step: a step boundary (barrier wait, scale loads,
 # bookkeeping) comes once per two blocks, saving this share of a block's time;
-# the first step waits for two blocks' loads (one block more per unit).
+# the first step waits for two blocks' loads (one block more per unit). Only
+# for tiles whose one-block ring holds this many stages: fewer make a two-block
+# ring of 2 stages past RING_BYTES, which starves (1.14-1.71x slower).
 _TWO_BLOCK_SAVING = 0.087
 _TWO_BLOCK_FILL_BLOCKS = 1.0
+_TWO_BLOCK_MIN_RING = 4
 
 # K splits at decode: units of all M rows in 64 columns (B is read once) in one
 # wave, over K loops of at least this many blocks (measured faster from K=4096,
@@ -107,8 +110,8 @@ SPLIT_K_MIN_BLOCKS = 32
 _SPLIT_K_REDUCTION_US = 2.0
 
 # Pairs of 128-row decode CTAs in one wave sharing their A tile by multicast
-# (two-block steps, one stage more): each loads half of A, saving these columns
-# of every K block; the pair's cluster costs a fixed time per tile.
+# (with two-block steps one stage more): each loads half of A, saving these
+# columns of every K block; the pair's cluster costs a fixed time per tile.
 _SHARED_A_COLUMNS = 10
 _CLUSTER_US = 2.8
 
@@ -117,10 +120,14 @@ def _cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
+def _one_block_ring(cfg: HopperConfig) -> int:
+  return max(2, min(8, RING_BYTES // ((cfg.tile_m + cfg.tile_n) * K_BLOCK)))
+
+
 def ring_stages(cfg: HopperConfig) -> int:
-  """The ring depth (stages of k_step blocks) of about RING_BYTES for cfg's tile."""
-  one_block = max(2, min(8, RING_BYTES // ((cfg.tile_m + cfg.tile_n) * K_BLOCK)))
-  return one_block if cfg.k_step == 1 else max(2, one_block // cfg.k_step)
+  """The ring depth (stages of k_step blocks) of about RING_BYTES for cfg's
+  tile, at least 2."""
+  return max(2, _one_block_ring(cfg) // cfg.k_step)
 
 
 def tile_key(cfg: HopperConfig) -> tuple:
@@ -177,8 +184,9 @@ def _short_k(cfg: HopperConfig, m: int, k: int) -> bool:
 
 
 def _past_ring_bytes(cfg: HopperConfig) -> bool:
-  """Whether cfg's ring is deeper than ring_stages (pairs sharing A: one more)."""
-  return cfg.stages > ring_stages(cfg) + (cfg.cluster_n > 1)
+  """Whether cfg's ring is deeper than ring_stages (pairs sharing A with two-block
+  steps: one more)."""
+  return cfg.stages > ring_stages(cfg) + (cfg.cluster_n > 1 and cfg.k_step > 1)
 
 
 def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
@@ -197,7 +205,7 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
     return "a decode tile taller than M"
   if cfg.cluster_m > 1:
     return "pairs sharing B"
-  if cfg.cluster_n > 1 and not (decode and cfg.tile_m == 128 and cfg.k_step == 2 and one_wave):
+  if cfg.cluster_n > 1 and not (decode and cfg.tile_m == 128 and one_wave):
     return "pairs sharing A other than 128-row decode tiles in one wave (several: no gain)"
   if cfg.split_k > 1 and not (decode and cfg.tile_n == SPLIT_K_TILE_N and one_wave
                               and cfg.tile_m == max(64, _cdiv(m, 64) * 64)
@@ -206,6 +214,8 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
             f"over >= {SPLIT_K_MIN_BLOCKS} K blocks")
   if cfg.k_step > 1 and not decode:
     return "two-block steps at large M (measured within +-1%)"
+  if cfg.k_step > 1 and _one_block_ring(cfg) < _TWO_BLOCK_MIN_RING:
+    return "two-block steps of a tile with a one-block ring < 4 stages (measured: starves)"
   if _past_ring_bytes(cfg) and not (_deep_ring(cfg, m) or _short_k(cfg, m, k)):
     return "a ring past RING_BYTES (measured slower)"
   if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:

@@ -6,7 +6,7 @@ autotuning over the same candidates, and the autotuned config lookup
 The candidates of a shape, in the cost model's order (the default first):
 - decode (M <= 128): hopper_cost.DECODE_TILES (128-row ones only where M > 64),
   each with one- and two-block pipeline steps; K cut into 2 or 4 ranges; pairs
-  of 128-row CTAs sharing their A tile (two-block steps, one stage more).
+  of 128-row CTAs sharing their A tile (with two-block steps, one stage more).
 - larger M: the problem's tile table (hopper_cost.large_m_tiles: dense, ragged
   groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
   4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks).
@@ -114,8 +114,9 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool):
         yield t, dict(base, cluster_m=cluster_m), 1
         if k_blocks >= 2:
           yield t, dict(base, cluster_m=cluster_m, k_step=2), 0
-      if t[0] == 128:
-        yield t, dict(base, k_step=2, cluster_n=2), 1      # pairs sharing A
+      if t[0] == 128:  # pairs sharing A (with two-block steps, one stage more)
+        yield t, dict(base, cluster_n=2), 0
+        yield t, dict(base, k_step=2, cluster_n=2), 1
       for split_k in (2, 4):
         if k_blocks % split_k == 0:
           yield t, dict(base, split_k=split_k), 0

@@ -94,18 +94,28 @@ def scale(amax, power_of_two: bool, layout):
   """
   if power_of_two:
     return jnp.where(amax < jnp.inf, _pow2_scale(amax), amax)  # amax >= 0: NaN, Inf fail
-  # div.rn.f32 of a row layout, or of a constant (splat) operand, does not
-  # compile (LLVM translation of their casts): divide the rows broadcast to an
-  # (rows, 8) array, the narrowest of the 2-D layout, by a 448 computed from
-  # amax's bits (the compiler cannot fold it into a constant), and take a row's
-  # (equal) values back with a NaN-keeping max.
-  bits = lax.bitcast_convert_type(amax, jnp.int32)   # amax >= 0: the sign bit is 0
-  e4m3_max = lax.bitcast_convert_type(
-      lax.shift_right_logical(bits, 31) + np.float32(E4M3_MAX).view(np.int32), jnp.float32)
-  wide = lax.broadcast_in_dim(amax, (amax.shape[0], 8), [0])
-  s = exact_div(wide, lax.broadcast_in_dim(e4m3_max, wide.shape, [0]), layout)
-  s = as_amax(jnp.max(magnitude_bits(s), axis=1), jnp.float32)
+  s = _rows_div(amax, _constant_like(amax, E4M3_MAX), layout)
   return jnp.where(s < MIN_NORMAL, 1.0, s)  # NaN < x is false: NaN stays
+
+
+def _constant_like(rows, value: float):
+  """`value` in every row, computed from the bits of `rows` (>= 0 or NaN) so that the
+  compiler cannot fold it into a constant operand (which div.rn.f32 does not take)."""
+  bits = lax.bitcast_convert_type(rows, jnp.int32)
+  return lax.bitcast_convert_type(
+      lax.shift_right_logical(bits, 31) + np.float32(value).view(np.int32), jnp.float32)
+
+
+def _rows_div(a, b, layout):
+  """|a / b| rounded once, for one value per row (a, b in `layout`.reduce(1), non-constant).
+
+  div.rn.f32 of a row layout does not compile (LLVM translation of its casts):
+  divide the rows broadcast to an (rows, 8) array, the narrowest of the 2-D
+  layout, and take a row's (equal) values back with a NaN-keeping max.
+  """
+  wide = (a.shape[0], 8)
+  q = exact_div(lax.broadcast_in_dim(a, wide, [0]), lax.broadcast_in_dim(b, wide, [0]), layout)
+  return as_amax(jnp.max(magnitude_bits(q), axis=1), jnp.float32)
 
 
 def quantize(v, scale_, layout):
@@ -115,4 +125,89 @@ def quantize(v, scale_, layout):
     # The GPU's conversion (cvt.rn.satfinite.e4m3x2.f32) clamps to +-448 itself
     # (NaN stays NaN); ml_dtypes' would give NaN past 464.
     q = jnp.clip(q, -E4M3_MAX, E4M3_MAX)
+  return q.astype(FP8)
+
+
+# ---- division by a group's reciprocal (QuantizeConfig(division="reciprocal")) ----
+#
+# A div.rn.f32 per element is a multi-instruction sequence (a MUFU reciprocal, its
+# refinement, a range check and a slow-path branch), and the row+column quantiser
+# does two per element it reads. The group's divisor is shared, so take
+# r = RN(1 / s) once per group and per element
+#   q0 = RN(x * r);  rem = fma(q0, s, -x) (exact);  q = fma(-rem, r, q0)
+# (Markstein's correction: q = RN(x / s)). tests/test_quantize_kernels.py checks the
+# sequence against IEEE division for every pair of 16-bit mantissas and the exponents
+# where subnormals appear: the FP8 results match everywhere once a group with
+# s < 2^-60 is computed with x and s scaled by 2^64 (exact; else rem falls into
+# float32's subnormals and loses bits). For float32 inputs no such check is
+# exhaustive, so they keep div.rn.f32. Power-of-two scales need no correction:
+# x * (1 / s) is x / s exactly.
+# The signs are arranged so that a zero x keeps its sign (x = -0 gives -0) and a
+# group with scale Inf gives signed zeros for finite x (s_fma = 0 in the fma).
+
+SMALL_SCALE = 2.0**-60    # groups below this divide in a domain scaled by 2^64
+SMALL_SCALE_LIFT = 2.0**64
+
+
+def _rows(row, shape):
+  return lax.broadcast_in_dim(row, shape, [0])
+
+
+def _pointwise_ptx(instrs, *args, layout):
+  """Elementwise inline PTX on float32 arrays in `layout`: instrs(ptx) returns a function
+  of one register of each arg, where ptx("op.f32") lifts a PTX instruction to registers."""
+  @plgpu.inline_mgpu(arg_types=(layout,) * len(args),
+                     return_type=plgpu.ShapeDtypeStruct(args[0].shape, jnp.float32, layout))
+  def body(_, *arrays):
+    return arrays[0]._pointwise(instrs(mgpu.FragmentedArray._lift_fast_instr), *arrays[1:])
+
+  return body(*args)
+
+
+def _markstein(x, scale_rows, layout):
+  """RN(x / s) per element, s = scale_rows (> 0, Inf or NaN) broadcast along rows."""
+  lift = jnp.where(scale_rows < SMALL_SCALE, SMALL_SCALE_LIFT, 1.0)
+  s = scale_rows * lift                                   # exact (a power of two)
+  if device.interpret_mode_active():  # XLA has no fma: its division, = the sequence's result
+    return exact_div(x * _rows(lift, x.shape), _rows(s, x.shape), layout)
+  r = _rows_div(_constant_like(s, 1.0), s, layout)       # RN(1 / s); 0 for Inf, NaN for NaN
+  s_fma = jnp.where(s < jnp.inf, s, 0.0)                  # Inf: q = q0 (signed zeros)
+
+  def seq(ptx):
+    mul, fma = ptx("mul.rn.f32"), ptx("fma.rn.f32")
+
+    def one(x, neg_lift, neg_r, s_fma):
+      neg_x = mul(x, neg_lift)          # -x * lift, exact
+      q0 = mul(neg_x, neg_r)            # RN(x * r)
+      rem = fma(q0, s_fma, neg_x)       # q0 * s - x, exact
+      return fma(rem, neg_r, q0)        # RN(q0 - rem * r)
+    return one
+
+  return _pointwise_ptx(seq, x, _rows(-lift, x.shape), _rows(-r, x.shape),
+                        _rows(s_fma, x.shape), layout=layout)
+
+
+def _times_reciprocal(x, scale_rows, layout):
+  """x / s for power-of-two s: x * (1 / s), exact (1 / s is a power of two, or 0, or NaN)."""
+  if device.interpret_mode_active():
+    return exact_div(x, _rows(scale_rows, x.shape), layout)
+  r = _rows_div(_constant_like(scale_rows, 1.0), scale_rows, layout)
+  return _pointwise_ptx(lambda ptx: ptx("mul.rn.f32"), x, _rows(r, x.shape), layout=layout)
+
+
+def quantize_rows(v, scale_rows, layout, *, power_of_two: bool, division: str = "div_rn"):
+  """FP8 of v / s, s one scale per row of v (scale_rows in `layout`.reduce(1)).
+
+  division: "div_rn" (div.rn.f32 per element) or "reciprocal" (the group's
+  reciprocal, above; float32 v with non-power-of-two scales still divide).
+  """
+  x = v.astype(jnp.float32)
+  if division == "reciprocal" and power_of_two:
+    q = _times_reciprocal(x, scale_rows, layout)
+  elif division == "reciprocal" and np.dtype(v.dtype).itemsize == 2:
+    q = _markstein(x, scale_rows, layout)
+  else:
+    q = exact_div(x, _rows(scale_rows, x.shape), layout)
+  if device.interpret_mode_active():
+    q = jnp.clip(q, -E4M3_MAX, E4M3_MAX)  # as in quantize()
   return q.astype(FP8)

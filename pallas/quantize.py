@@ -45,7 +45,11 @@ change no amax, and padded groups' outputs are sliced off).
 
 Exact arithmetic: Mosaic GPU compiles float32 `/` to PTX `div.full.f32` (an
 approximation within 2 ulp), so the compiled kernels divide with
-`div.rn.f32` in inline PTX. In GPU interpret mode (XLA on the CPU) the
+the group's correctly rounded reciprocal with one two-FMA correction per element
+(QuantizeConfig(division="reciprocal"), the default: the same FP8 values as
+`div.rn.f32` in inline PTX, division="div_rn", at a fraction of the
+instructions: quant_math.quantize_rows).
+In GPU interpret mode (XLA on the CPU) the
 division is XLA's, with the divisor behind an optimisation barrier (XLA
 rewrites a / broadcast(b) into a * (1 / b), two roundings). The amax is an
 integer max of the magnitude bits (NaN-propagating, subnormals included, on
@@ -76,6 +80,7 @@ MIN_NORMAL = float(np.finfo(np.float32).tiny)   # 2^-126
 SMEM_BYTES = 227 * 1024
 CHUNK = 64            # rows of one register chunk (a warpgroup array in the WGMMA layout)
 OPS = ("quantize_1x128", "quantize_1x128_with_transpose", "quantize_128x128")
+DIVISIONS = ("div_rn", "reciprocal")
 
 _CHUNK_LAYOUT = plgpu.Layout.WGMMA
 _ROW_LAYOUT = plgpu.Layout.WGMMA.reduce(1)   # one value per row of a chunk
@@ -96,15 +101,24 @@ class QuantizeConfig:
   Row-wise groups need tile_cols to be a multiple of 128 and column-wise
   groups tile_rows; 64-row tiles exist for the row-wise kernel only (small T).
   quantize_128x128 takes 128 x 128 (one block per CTA).
+
+  division: how x / scale is computed (the result is the same, bitwise):
+  "div_rn", a div.rn.f32 per element; "reciprocal", the group's correctly
+  rounded reciprocal and a two-FMA correction per element, or a product alone
+  for power-of-two scales (quant_math.quantize_rows; float32 inputs with other
+  scales still divide).
   """
   tile_rows: int = 128
   tile_cols: int = 128
+  division: str = "reciprocal"
 
   def check(self, op: str, dtype) -> None:
     """Raises ValueError naming the field if this tiling cannot run `op` on `dtype`."""
     if op not in OPS:
       raise ValueError(f"op must be one of {OPS}, got {op!r}")
     rows, cols = self.tile_rows, self.tile_cols
+    if self.division not in DIVISIONS:
+      raise ValueError(f"division must be one of {DIVISIONS}, got {self.division!r}")
     if op == "quantize_128x128":
       if (rows, cols) != (GROUP, GROUP):
         raise ValueError(f"quantize_128x128 takes 128 x 128 tiles (one block per CTA), got "
@@ -159,7 +173,7 @@ def _smem_transforms(dtype, cols: int):
 
 
 def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles: int,
-            transpose: bool):
+            transpose: bool, division: str):
   n_out = 4 if transpose else 2
   outs, scratch = refs[:n_out], refs[n_out:]
   q_gmem, s_gmem = outs[:2]
@@ -207,7 +221,7 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
       tile = x_smem.at[r, c]
       v = plgpu.load(tile.T if transposed else tile, layout=_CHUNK_LAYOUT)
       if op == "quantize_128x128":
-        scale = lax.broadcast_in_dim(block_scale, v.shape, [0])
+        row_scale = block_scale
       else:
         amax = quant_math.as_amax(jnp.max(quant_math.magnitude_bits(v), axis=1), v.dtype)
         row_scale = quant_math.scale(amax, pow2, _CHUNK_LAYOUT)
@@ -218,8 +232,8 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
         else:
           where = pl.ds(r0 + r.start, CHUNK), ki * (cols // GROUP) + c.start // GROUP
         scale_gmem[where] = row_scale
-        scale = lax.broadcast_in_dim(row_scale, v.shape, [0])
-      q = quant_math.quantize(v, scale, _CHUNK_LAYOUT)
+      q = quant_math.quantize_rows(v, row_scale, _CHUNK_LAYOUT, power_of_two=pow2,
+                                   division=division)
       if transposed:
         out_smem[c, r] = q
       else:
@@ -268,7 +282,7 @@ def _quantize_call(x, op: str, *, pow2: bool, transpose: bool, config: QuantizeC
   scratch.append(plgpu.Barrier())
   kernel = plgpu.kernel(
       functools.partial(_kernel, op=op, pow2=pow2, rows=rows, cols=cols, col_tiles=kp // cols,
-                        transpose=transpose),
+                        transpose=transpose, division=cfg.division),
       out_type=tuple(out_type),
       scratch_types=scratch,
       grid=((tp // rows) * (kp // cols),),

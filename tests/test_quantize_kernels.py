@@ -308,6 +308,121 @@ def test_kernels_match_the_jnp_quantisers_interpret():
     assert_bitwise(_interpret(_kernel_fn(op, pow2), x), want)
 
 
+# ---- division by the group's reciprocal (QuantizeConfig(division="reciprocal")) ----
+
+RECIPROCAL = qk.QuantizeConfig(division="reciprocal")
+
+
+def _two_sum(a, b):
+  s = a + b
+  bb = s - a
+  return s, (a - (s - bb)) + (b - bb)
+
+
+def _rn32(t, e):
+  """float32 rounding (to nearest even) of the exact t + e, an error-free float64 pair."""
+  c = t.astype(np.float32)
+  c2 = np.nextafter(c, np.where(t > c, np.float32(np.inf), np.float32(-np.inf)))
+  tie = (t != c) & (2 * t == c.astype(np.float64) + c2)  # float32 midpoints are float64s
+  return np.where(tie & (e != 0) & ((e > 0) == (c2 > c)), c2, c)
+
+
+def model_reciprocal_division(x, s):
+  """The kernels' "reciprocal" sequence (pallas/quant_math.py) in float64 arithmetic
+  that emulates float32 mul/fma exactly: products of float32s are exact in float64,
+  sums are made error-free (two_sum) and rounded once."""
+  f32 = np.float32
+  with np.errstate(all="ignore"):
+    lift = np.where(s < f32(2.0**-60), f32(2.0**64), f32(1))
+    s = s * lift
+    neg_lift, neg_r = -lift, -(f32(1) / s)
+    s_fma = np.where(s < np.inf, s, f32(0))
+    neg_x = x * neg_lift
+    q0 = (neg_x * neg_r).astype(f32)
+    rem, err = _two_sum(q0.astype(np.float64) * s_fma, neg_x.astype(np.float64))
+    assert np.all((err == 0) | ~np.isfinite(rem)), "the remainder must be exact"
+    rem = rem.astype(f32)
+    t, err = _two_sum(rem.astype(np.float64) * neg_r, q0.astype(np.float64))
+    return _rn32(t, np.where(np.isfinite(t), err, 0))
+
+
+def _mantissas(dtype):
+  """Every value of a 16-bit float format in [1, 2)."""
+  bits = {BF16: 7, F16: 10}[dtype]
+  one = np.asarray(1.0, dtype).view(np.uint16)
+  return (np.arange(1 << bits, dtype=np.uint16) | one).view(dtype).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_reciprocal_division_is_exact_for_16_bit_inputs(dtype):
+  """q from the reciprocal sequence is FP8-identical to q from IEEE division for every
+  pair of (x, amax) mantissas; the quotient itself is identical wherever it is not far
+  below FP8's range. Exponents: where nothing under- or overflows the sequence scales
+  with x and amax (one pair of binades covers it); bf16 also at every amax binade where
+  subnormals appear (x down to the subnormals), and at the top of the range."""
+  m = _mantissas(dtype)
+  xm, am = (a.ravel() for a in np.meshgrid(m, m, indexing="ij"))
+  pairs = [(0, 0), (0, -1), (-5, 0)]
+  if dtype == BF16:
+    pairs += [(xe, ae) for ae in list(range(-133, -45, 3)) + [-60, -61, 120, 127]
+              for xe in range(max(ae - 50, -133), ae + 1, 4)]
+  else:
+    pairs += [(-24, -10), (-20, 15)]
+  x = np.concatenate([np.ldexp(xm, xe) for xe, _ in pairs]).astype(np.float32)
+  amax = np.concatenate([np.ldexp(am, ae) for _, ae in pairs]).astype(np.float32)
+  if dtype == BF16:  # subnormal x under every amax of two binades
+    sub = np.arange(1, 128, dtype=np.uint16).view(BF16).astype(np.float32)
+    x = np.concatenate([x, np.repeat(sub, 2 * len(m))])
+    amax = np.concatenate([amax, np.tile(np.concatenate([np.ldexp(m, -120), m]), len(sub))])
+  x = np.where(np.abs(x) <= amax, x, amax).astype(np.float32)  # a group's elements
+  x = np.where(np.arange(x.size) % 2 == 0, x, -x).astype(np.float32)
+  s = model_scale(amax, pow2=False)
+  with np.errstate(all="ignore"):
+    want = (x / s).astype(np.float32)
+  got = model_reciprocal_division(x, s)
+  fp8 = lambda q: np.clip(q, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+  np.testing.assert_array_equal(fp8(got), fp8(want))
+  visible = np.abs(want) >= 2.0**-40
+  np.testing.assert_array_equal(got[visible], want[visible])
+  # A plain product by the reciprocal is not enough (the test can fail).
+  assert np.any(fp8((x * (np.float32(1) / s)).astype(np.float32)) != fp8(want))
+
+
+def test_reciprocal_division_special_values():
+  """Signed zeros keep their sign; a group with scale Inf gives signed zeros for finite
+  x and NaN for Inf; scale NaN gives NaN; scale 1 gives x."""
+  x = np.float32([0.0, -0.0, 1.5, -2.0, np.inf, 3.0, -0.0, 2.0**-130, -7.0])
+  s = np.float32([3.0, 3.0, np.inf, np.inf, np.inf, np.nan, 1.0, 1.0, 1.0])
+  with np.errstate(all="ignore"):
+    want = x / s
+  got = model_reciprocal_division(x, s)
+  same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+  assert same.all(), (got, want)
+
+
+@pytest.mark.parametrize("op,shape,dtype,pow2", [
+    ("quantize_1x128_with_transpose", (256, 384), BF16, False),
+    ("quantize_1x128_with_transpose", (200, 300), F16, True),
+    ("quantize_1x128_with_transpose", (130, 260), F32, False),   # f32: still divides
+    ("quantize_1x128", (70, 300), BF16, True),
+    ("quantize_128x128", (256, 260), F16, False),
+])
+def test_reciprocal_division_interpret(op, shape, dtype, pow2):
+  """The kernels with division="reciprocal" (interpret mode: the per-group rows, the
+  2^64 lift of small groups; the per-element sequence is XLA's division here)."""
+  x = random_input(shape, dtype, seed=8)
+  fn = _kernel_fn(op, pow2, RECIPROCAL, with_transpose=op == "quantize_128x128")
+  assert_bitwise(_interpret(fn, x), expected(op, x, pow2, op == "quantize_128x128"))
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+def test_reciprocal_division_edge_values_interpret(pow2):
+  rows = jnp.asarray(edge_rows(gpu=False)).astype(jnp.bfloat16)
+  op = "quantize_1x128_with_transpose"
+  for x in (rows, rows.T):
+    assert_bitwise(_interpret(_kernel_fn(op, pow2, RECIPROCAL), x), expected(op, x, pow2))
+
+
 # ---- lowering for CUDA (no GPU needed) --------------------------------------------
 
 LOWERINGS = [
@@ -338,6 +453,22 @@ def test_lowers_for_cuda(op, shape, dtype, pow2, config):
   text = _lower(op, shape, dtype, pow2, config)
   assert "mosaic_gpu" in text and "div.rn.f32" in text
   assert "arith.divf" not in text
+
+
+@pytest.mark.parametrize("op,dtype,pow2,fma", [
+    ("quantize_1x128_with_transpose", BF16, False, True),
+    ("quantize_1x128_with_transpose", BF16, True, False),
+    ("quantize_1x128", F16, False, True),
+    ("quantize_128x128", BF16, False, True),
+    ("quantize_1x128_with_transpose", F32, False, False),
+])
+def test_reciprocal_division_lowers_for_cuda(op, dtype, pow2, fma):
+  """division="reciprocal": mul.rn/fma.rn.f32 per element (div.rn.f32 only for the
+  scales and reciprocals); float32 inputs with non-power-of-two scales keep div.rn.f32."""
+  text = _lower(op, (4096, 7168), dtype, pow2, RECIPROCAL)
+  assert "mosaic_gpu" in text and "arith.divf" not in text
+  assert ("fma.rn.f32" in text) == fma
+  assert ("mul.rn.f32" in text) == (dtype != F32)
 
 
 def test_128x128_with_transpose_lowers_for_cuda():
@@ -387,9 +518,11 @@ DEEPSEEK_SHAPES = [(4096, 7168), (8192, 7168), (16384, 2048), (4096, 18432)]
 @pytest.mark.parametrize("shape,pow2", [(s, i % 2 == 1) for i, s in enumerate(DEEPSEEK_SHAPES)]
                          + [((8192, 7168), True)])
 @pytest.mark.parametrize("op", ["quantize_1x128", "quantize_1x128_with_transpose"])
-def test_deepseek_shapes_gpu(op, shape, pow2):
+@pytest.mark.parametrize("division", qk.DIVISIONS)
+def test_deepseek_shapes_gpu(op, shape, pow2, division):
   x = random_input(shape, BF16, seed=11)
-  out = jax.block_until_ready(jax.jit(_kernel_fn(op, pow2))(x))
+  config = qk.QuantizeConfig(division=division)
+  out = jax.block_until_ready(jax.jit(_kernel_fn(op, pow2, config))(x))
   assert_bitwise(out, expected(op, x, pow2))
 
 
@@ -414,6 +547,33 @@ def test_edge_values_gpu(pow2):
                     ("quantize_128x128", blocks, True)):
     out = jax.block_until_ready(jax.jit(_kernel_fn(op, pow2, with_transpose=tr))(x))
     assert_bitwise(out, expected(op, x, pow2, tr))
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_reciprocal_division_edge_values_gpu(pow2, dtype):
+  """division="reciprocal" on every edge case, subnormals included, as rows and columns,
+  and as 128 x 128 blocks."""
+  rows = jnp.asarray(edge_rows(gpu=True)).astype(dtype)
+  blocks = jnp.asarray(edge_blocks(gpu=True)).astype(dtype)
+  for op, x, tr in (("quantize_1x128_with_transpose", rows, False),
+                    ("quantize_1x128_with_transpose", rows.T, False),
+                    ("quantize_128x128", blocks, True)):
+    fn = _kernel_fn(op, pow2, RECIPROCAL, with_transpose=tr)
+    assert_bitwise(jax.block_until_ready(jax.jit(fn)(x)), expected(op, x, pow2, tr))
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("dtype,seed", [(BF16, 31), (F16, 32)])
+def test_reciprocal_division_random_gpu(dtype, seed):
+  """Many groups at every binade (random_input spans 2^-28 .. 2^28) and tiny ones."""
+  x = random_input((4096, 2048), dtype, seed=seed)
+  if dtype == BF16:
+    x = x * jnp.asarray(np.exp2(np.arange(4096) % 160 - 140.0)[:, None], jnp.float32).astype(BF16)
+  fn = _kernel_fn("quantize_1x128_with_transpose", False, RECIPROCAL)
+  out = jax.block_until_ready(jax.jit(fn)(x))
+  assert_bitwise(out, expected("quantize_1x128_with_transpose", x, False))
 
 
 @requires_gpu(major=9)

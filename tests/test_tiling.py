@@ -4,9 +4,8 @@
 The default config is the candidate the cost model estimates fastest, and at
 the DeepSeek-V3 dense shapes, the MoE (ragged, masked) shapes and the training
 recipe's shapes it is the config the rules measured on the H100 picked (frozen
-from commit fda5f79, the ragged and per-row-b rows from 3d58906, which measured
-their own tile tables; `python tools/tiling_picks.py` compares any two
-revisions over these and wider shape sets).
+from commit 737fe5c, the last of the rules; `python tools/tiling_picks.py`
+compares any two revisions over these and wider shape sets).
 """
 import dataclasses
 import itertools
@@ -124,8 +123,8 @@ FROZEN_PICKS = [
                                     '128x256n2 s3 e32 om p72': 'f32'}),
     (256, 4096, 7168, 'masked x4', {'128x256n2 s3 e64 om p72': 'bf16',
                                     '128x256n2 s3 e32 om p72': 'f32'}),
-    (64, 4096, 7168, 'masked x32', {'64x256n2 s2 e64 om ks2 sep': 'bf16',
-                                    '64x256n2 s2 e32 om ks2 sep': 'f32'}),
+    (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
+                                    '64x256n2 s3 e32 om sep': 'f32'}),
     (32768, 7168, 2048, 'ragged', {'192x128m3 s3 e64 on': 'bf16',
                                    '192x128m3 s3 e32 on': 'f32'}),
     (1024, 7168, 2048, 'masked x1', {'128x256n2 s3 e128 on p72': 'bf16',
@@ -134,8 +133,8 @@ FROZEN_PICKS = [
                                     '128x256n2 s3 e64 om p72': 'f32'}),
     (256, 7168, 2048, 'masked x4', {'128x256n2 s3 e128 om p72': 'bf16',
                                     '128x256n2 s3 e64 om p72': 'f32'}),
-    (64, 7168, 2048, 'masked x32', {'64x256n2 s2 e128 om ks2 sep': 'bf16',
-                                    '64x256n2 s2 e64 om ks2 sep': 'f32'}),
+    (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
+                                    '64x256n2 s3 e64 om sep': 'f32'}),
     (7168, 18432, 4096, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
                                       '128x128n2 s4 e32 on p72': 'f32'}),
     (7168, 18432, 16384, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',

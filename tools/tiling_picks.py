@@ -10,7 +10,7 @@ Shape sets: `required` (the 18 DeepSeek-V3 dense shapes x bf16/f32 out x no c,
 f32 c, bf16 c; the ragged and masked MoE shapes; the training recipe's forward,
 dgrad and per-row-b wgrad shapes), `sweep` (M x N x K grid in 8 variants),
 `extended` (a finer grid, 4 variants). The other revision's hopper_tiling.py is
-loaded next to this checkout's kernel modules; the default, 3d58906, is the last
+loaded next to this checkout's kernel modules; the default, 737fe5c, is the last
 one with rule-based tiling (before the cost model). SM count pinned to 132 (H100).
 """
 from __future__ import annotations
@@ -128,7 +128,7 @@ def time_pair(m, n, k, kw, configs, rounds=2):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rev", default="3d58906", help="the revision to compare with")
+  parser.add_argument("--rev", default="737fe5c", help="the revision to compare with")
   parser.add_argument("--shapes", default="required", choices=("required", "sweep", "extended"))
   parser.add_argument("--table", action="store_true", help="print this checkout's picks")
   parser.add_argument("--time", action="store_true",
