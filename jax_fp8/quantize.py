@@ -268,10 +268,15 @@ def _jnp_quantize_128x128_with_transpose(w, *, power_of_two_scales: bool = False
   return q, s, q.T, s.T  # a 128x128 block grid is transpose-invariant
 
 
+# Tests only (jax_fp8.testing.jnp_quantize_kernels): an object standing in for
+# jax_fp8.pallas.quantize, taken by backend="pallas" and "auto" on any platform.
+_stand_in_kernels = None
+
+
 def _pallas_unavailable(op: str, x, shape) -> str | None:
   """Why the Pallas kernel cannot run `op` on x (as a 2-D array of `shape`) here, or None."""
   try:
-    from jax_fp8.pallas import quantize as kernels
+    kernels = _kernels()
   except ImportError as e:
     return f"its module jax_fp8.pallas.quantize could not be imported ({e})"
   reason = kernels.unsupported_reason(op, shape, x.dtype)
@@ -280,6 +285,8 @@ def _pallas_unavailable(op: str, x, shape) -> str | None:
   mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
   if mesh is not None and not mesh.empty and mesh.explicit_axes:
     return "x is sharded over Explicit mesh axes; the kernel takes whole arrays"
+  if _stand_in_kernels is not None:
+    return None
   cc = device.compute_capability()
   if cc is None and device.interpret_mode_active():
     return None
@@ -304,13 +311,30 @@ def _dispatch(op: str, x, shape, backend: str, jnp_fn, kernel_fn):
     return kernel_fn(x)
   if reason is not None or device.interpret_mode_active():
     return jnp_fn(x)  # "auto" off the GPU: interpret mode is for explicit kernels
+  if _stand_in_kernels is not None:
+    return kernel_fn(x)  # tests: where the kernel would run, on any platform
   # The kernel where the computation is lowered for the GPU, jnp elsewhere.
   return lax.platform_dependent(x, cuda=kernel_fn, default=jnp_fn)
 
 
 def _kernels():
+  if _stand_in_kernels is not None:
+    return _stand_in_kernels
   from jax_fp8.pallas import quantize as kernels  # imported where it can run
   return kernels
+
+
+def _kernel(op: str, pow2: bool):
+  """The kernel `op` on a 2-D x, partitioned over a device mesh shard by shard
+  where the 128-groups allow (jax_fp8.quantize_sharding)."""
+  def kernel(x):
+    from jax_fp8 import quantize_sharding  # it imports this module
+    if _stand_in_kernels is None and device.interpret_mode_active():
+      # Interpret mode traces the kernel with ordered effects (its callbacks), which
+      # a primitive's lowering cannot thread: it runs whole, as a plain call.
+      return quantize_sharding.call_kernel(_kernels(), op, pow2, x)
+    return quantize_sharding.quantize(op, x, pow2=pow2, kernels=_kernels())
+  return kernel
 
 
 def quantize_1x128(x: jax.Array, *, power_of_two_scales: bool = False, backend: str = "auto"):
@@ -328,7 +352,7 @@ def quantize_1x128(x: jax.Array, *, power_of_two_scales: bool = False, backend: 
   pow2 = power_of_two_scales
 
   def kernel(x):  # leading dims fold into the kernel's rows
-    q, s = _kernels().quantize_1x128(x.reshape(-1, k), power_of_two_scales=pow2)
+    q, s = _kernel("quantize_1x128", pow2)(x.reshape(-1, k))
     return q.reshape(x.shape), s.reshape(*lead, s.shape[-1])
 
   return _dispatch("quantize_1x128", x, (x.size // max(k, 1), k), backend,
@@ -352,7 +376,7 @@ def quantize_1x128_with_transpose(x: jax.Array, *, power_of_two_scales: bool = F
   return _dispatch(
       "quantize_1x128_with_transpose", x, x.shape, backend,
       functools.partial(_jnp_quantize_1x128_with_transpose, power_of_two_scales=pow2),
-      lambda x: _kernels().quantize_1x128_with_transpose(x, power_of_two_scales=pow2))
+      _kernel("quantize_1x128_with_transpose", pow2))
 
 
 def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False, backend: str = "auto"):
@@ -367,7 +391,7 @@ def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False, backend
   pow2 = power_of_two_scales
   return _dispatch("quantize_128x128", w, w.shape, backend,
                    functools.partial(_jnp_quantize_128x128, power_of_two_scales=pow2),
-                   lambda w: _kernels().quantize_128x128(w, power_of_two_scales=pow2))
+                   _kernel("quantize_128x128", pow2))
 
 
 def quantize_128x128_with_transpose(w: jax.Array, *, power_of_two_scales: bool = False,
@@ -387,4 +411,4 @@ def quantize_128x128_with_transpose(w: jax.Array, *, power_of_two_scales: bool =
   return _dispatch(
       "quantize_128x128", w, w.shape, backend,
       functools.partial(_jnp_quantize_128x128_with_transpose, power_of_two_scales=pow2),
-      lambda w: _kernels().quantize_128x128(w, power_of_two_scales=pow2, with_transpose=True))
+      _kernel("quantize_128x128_with_transpose", pow2))
