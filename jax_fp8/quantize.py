@@ -359,6 +359,18 @@ def quantize_1x128(x: jax.Array, *, power_of_two_scales: bool = False, backend: 
                    functools.partial(_jnp_quantize_1x128, power_of_two_scales=pow2), kernel)
 
 
+def _quantize_2d(op: str, x, name: str, layout: str, backend: str, pow2: bool, jnp_fn,
+                 kernel_check: str | None = None):
+  """A 2-D quantiser: the input checked, then the jnp version or the kernel `op`
+  (`kernel_check`: the kernel op whose limits apply, if not `op`'s own)."""
+  x = jnp.asarray(x)
+  _check_float(x, name)
+  if x.ndim != 2:
+    raise ValueError(f"{name} must be 2-D {layout}, got shape {x.shape}")
+  return _dispatch(kernel_check or op, x, x.shape, backend,
+                   functools.partial(jnp_fn, power_of_two_scales=pow2), _kernel(op, pow2))
+
+
 def quantize_1x128_with_transpose(x: jax.Array, *, power_of_two_scales: bool = False,
                                   backend: str = "auto"):
   """x [T, K] -> (q [T, K], s [T, ceil(K/128)], q_t [K, T], s_t [K, ceil(T/128)]).
@@ -368,15 +380,8 @@ def quantize_1x128_with_transpose(x: jax.Array, *, power_of_two_scales: bool = F
   transposed (as quantize_1x128(x.T)), for the weight-gradient GEMM. The Pallas
   kernel reads x once. backend: as quantize_1x128.
   """
-  x = jnp.asarray(x)
-  _check_float(x, "x")
-  if x.ndim != 2:
-    raise ValueError(f"x must be 2-D [T, K], got shape {x.shape}")
-  pow2 = power_of_two_scales
-  return _dispatch(
-      "quantize_1x128_with_transpose", x, x.shape, backend,
-      functools.partial(_jnp_quantize_1x128_with_transpose, power_of_two_scales=pow2),
-      _kernel("quantize_1x128_with_transpose", pow2))
+  return _quantize_2d("quantize_1x128_with_transpose", x, "x", "[T, K]", backend,
+                      power_of_two_scales, _jnp_quantize_1x128_with_transpose)
 
 
 def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False, backend: str = "auto"):
@@ -384,14 +389,8 @@ def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False, backend
 
   backend: as quantize_1x128.
   """
-  w = jnp.asarray(w)
-  _check_float(w, "w")
-  if w.ndim != 2:
-    raise ValueError(f"w must be 2-D [N, K], got shape {w.shape}")
-  pow2 = power_of_two_scales
-  return _dispatch("quantize_128x128", w, w.shape, backend,
-                   functools.partial(_jnp_quantize_128x128, power_of_two_scales=pow2),
-                   _kernel("quantize_128x128", pow2))
+  return _quantize_2d("quantize_128x128", w, "w", "[N, K]", backend, power_of_two_scales,
+                      _jnp_quantize_128x128)
 
 
 def quantize_128x128_with_transpose(w: jax.Array, *, power_of_two_scales: bool = False,
@@ -403,12 +402,6 @@ def quantize_128x128_with_transpose(w: jax.Array, *, power_of_two_scales: bool =
   Pallas kernel; jax_fp8.dense's forward (b = q_t, K-major) and dgrad (b = q)
   take one each. backend: as quantize_1x128.
   """
-  w = jnp.asarray(w)
-  _check_float(w, "w")
-  if w.ndim != 2:
-    raise ValueError(f"w must be 2-D [N, K], got shape {w.shape}")
-  pow2 = power_of_two_scales
-  return _dispatch(
-      "quantize_128x128", w, w.shape, backend,
-      functools.partial(_jnp_quantize_128x128_with_transpose, power_of_two_scales=pow2),
-      _kernel("quantize_128x128_with_transpose", pow2))
+  return _quantize_2d("quantize_128x128_with_transpose", w, "w", "[N, K]", backend,
+                      power_of_two_scales, _jnp_quantize_128x128_with_transpose,
+                      kernel_check="quantize_128x128")
