@@ -268,10 +268,15 @@ def _jnp_quantize_128x128_with_transpose(w, *, power_of_two_scales: bool = False
   return q, s, q.T, s.T  # a 128x128 block grid is transpose-invariant
 
 
+# Tests only (jax_fp8.testing.jnp_quantize_kernels): an object standing in for
+# jax_fp8.pallas.quantize, taken by backend="pallas" and "auto" on any platform.
+_stand_in_kernels = None
+
+
 def _pallas_unavailable(op: str, x, shape) -> str | None:
   """Why the Pallas kernel cannot run `op` on x (as a 2-D array of `shape`) here, or None."""
   try:
-    from jax_fp8.pallas import quantize as kernels
+    kernels = _kernels()
   except ImportError as e:
     return f"its module jax_fp8.pallas.quantize could not be imported ({e})"
   reason = kernels.unsupported_reason(op, shape, x.dtype)
@@ -280,6 +285,8 @@ def _pallas_unavailable(op: str, x, shape) -> str | None:
   mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
   if mesh is not None and not mesh.empty and mesh.explicit_axes:
     return "x is sharded over Explicit mesh axes; the kernel takes whole arrays"
+  if _stand_in_kernels is not None:
+    return None
   cc = device.compute_capability()
   if cc is None and device.interpret_mode_active():
     return None
@@ -304,13 +311,30 @@ def _dispatch(op: str, x, shape, backend: str, jnp_fn, kernel_fn):
     return kernel_fn(x)
   if reason is not None or device.interpret_mode_active():
     return jnp_fn(x)  # "auto" off the GPU: interpret mode is for explicit kernels
+  if _stand_in_kernels is not None:
+    return kernel_fn(x)  # tests: where the kernel would run, on any platform
   # The kernel where the computation is lowered for the GPU, jnp elsewhere.
   return lax.platform_dependent(x, cuda=kernel_fn, default=jnp_fn)
 
 
 def _kernels():
+  if _stand_in_kernels is not None:
+    return _stand_in_kernels
   from jax_fp8.pallas import quantize as kernels  # imported where it can run
   return kernels
+
+
+def _kernel(op: str, pow2: bool):
+  """The kernel `op` on a 2-D x, partitioned over a device mesh shard by shard
+  where the 128-groups allow (jax_fp8.quantize_sharding)."""
+  def kernel(x):
+    from jax_fp8 import quantize_sharding  # it imports this module
+    if _stand_in_kernels is None and device.interpret_mode_active():
+      # Interpret mode traces the kernel with ordered effects (its callbacks), which
+      # a primitive's lowering cannot thread: it runs whole, as a plain call.
+      return quantize_sharding.call_kernel(_kernels(), op, pow2, x)
+    return quantize_sharding.quantize(op, x, pow2=pow2, kernels=_kernels())
+  return kernel
 
 
 def quantize_1x128(x: jax.Array, *, power_of_two_scales: bool = False, backend: str = "auto"):
@@ -328,11 +352,23 @@ def quantize_1x128(x: jax.Array, *, power_of_two_scales: bool = False, backend: 
   pow2 = power_of_two_scales
 
   def kernel(x):  # leading dims fold into the kernel's rows
-    q, s = _kernels().quantize_1x128(x.reshape(-1, k), power_of_two_scales=pow2)
+    q, s = _kernel("quantize_1x128", pow2)(x.reshape(-1, k))
     return q.reshape(x.shape), s.reshape(*lead, s.shape[-1])
 
   return _dispatch("quantize_1x128", x, (x.size // max(k, 1), k), backend,
                    functools.partial(_jnp_quantize_1x128, power_of_two_scales=pow2), kernel)
+
+
+def _quantize_2d(op: str, x, name: str, layout: str, backend: str, pow2: bool, jnp_fn,
+                 kernel_check: str | None = None):
+  """A 2-D quantiser: the input checked, then the jnp version or the kernel `op`
+  (`kernel_check`: the kernel op whose limits apply, if not `op`'s own)."""
+  x = jnp.asarray(x)
+  _check_float(x, name)
+  if x.ndim != 2:
+    raise ValueError(f"{name} must be 2-D {layout}, got shape {x.shape}")
+  return _dispatch(kernel_check or op, x, x.shape, backend,
+                   functools.partial(jnp_fn, power_of_two_scales=pow2), _kernel(op, pow2))
 
 
 def quantize_1x128_with_transpose(x: jax.Array, *, power_of_two_scales: bool = False,
@@ -344,15 +380,8 @@ def quantize_1x128_with_transpose(x: jax.Array, *, power_of_two_scales: bool = F
   transposed (as quantize_1x128(x.T)), for the weight-gradient GEMM. The Pallas
   kernel reads x once. backend: as quantize_1x128.
   """
-  x = jnp.asarray(x)
-  _check_float(x, "x")
-  if x.ndim != 2:
-    raise ValueError(f"x must be 2-D [T, K], got shape {x.shape}")
-  pow2 = power_of_two_scales
-  return _dispatch(
-      "quantize_1x128_with_transpose", x, x.shape, backend,
-      functools.partial(_jnp_quantize_1x128_with_transpose, power_of_two_scales=pow2),
-      lambda x: _kernels().quantize_1x128_with_transpose(x, power_of_two_scales=pow2))
+  return _quantize_2d("quantize_1x128_with_transpose", x, "x", "[T, K]", backend,
+                      power_of_two_scales, _jnp_quantize_1x128_with_transpose)
 
 
 def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False, backend: str = "auto"):
@@ -360,14 +389,8 @@ def quantize_128x128(w: jax.Array, *, power_of_two_scales: bool = False, backend
 
   backend: as quantize_1x128.
   """
-  w = jnp.asarray(w)
-  _check_float(w, "w")
-  if w.ndim != 2:
-    raise ValueError(f"w must be 2-D [N, K], got shape {w.shape}")
-  pow2 = power_of_two_scales
-  return _dispatch("quantize_128x128", w, w.shape, backend,
-                   functools.partial(_jnp_quantize_128x128, power_of_two_scales=pow2),
-                   lambda w: _kernels().quantize_128x128(w, power_of_two_scales=pow2))
+  return _quantize_2d("quantize_128x128", w, "w", "[N, K]", backend, power_of_two_scales,
+                      _jnp_quantize_128x128)
 
 
 def quantize_128x128_with_transpose(w: jax.Array, *, power_of_two_scales: bool = False,
@@ -379,12 +402,6 @@ def quantize_128x128_with_transpose(w: jax.Array, *, power_of_two_scales: bool =
   Pallas kernel; jax_fp8.dense's forward (b = q_t, K-major) and dgrad (b = q)
   take one each. backend: as quantize_1x128.
   """
-  w = jnp.asarray(w)
-  _check_float(w, "w")
-  if w.ndim != 2:
-    raise ValueError(f"w must be 2-D [N, K], got shape {w.shape}")
-  pow2 = power_of_two_scales
-  return _dispatch(
-      "quantize_128x128", w, w.shape, backend,
-      functools.partial(_jnp_quantize_128x128_with_transpose, power_of_two_scales=pow2),
-      lambda w: _kernels().quantize_128x128(w, power_of_two_scales=pow2, with_transpose=True))
+  return _quantize_2d("quantize_128x128_with_transpose", w, "w", "[N, K]", backend,
+                      power_of_two_scales, _jnp_quantize_128x128_with_transpose,
+                      kernel_check="quantize_128x128")

@@ -99,20 +99,21 @@ def lower(ctx, prim, *args, beta, out_dtype, backend, has_c, b_scale_block):
   return lower_locally(ctx, fn, *args)
 
 
-def lower_locally(ctx, fn, *args):
-  """mlir.lower_fun(fn) on sharding-free avals, then the result pinned to the
-  output aval's sharding (Explicit axes), as jax's own primitives do.
+def lower_locally(ctx, fn, *args, multiple_results: bool = False):
+  """mlir.lower_fun(fn) on sharding-free avals, then the results pinned to the
+  output avals' shardings (Explicit axes), as jax's own primitives do.
 
   Inside, nothing is traced against a mesh: the implementations are written
   for one device, and sharding constraints must not appear in a per-shard
   body (its module is not partitioned again).
   """
   plain = [core.ShapedArray(x.shape, x.dtype) for x in ctx.avals_in]
-  out_aval = ctx.avals_out[0]
-  inner = ctx.replace(avals_in=plain, avals_out=[core.ShapedArray(out_aval.shape, out_aval.dtype)])
+  inner = ctx.replace(avals_in=plain,
+                      avals_out=[core.ShapedArray(a.shape, a.dtype) for a in ctx.avals_out])
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
-    out, = mlir.lower_fun(fn, multiple_results=False)(inner, *args)
-  return [mlir_internal.lower_with_sharding_in_types(ctx, out, out_aval)]
+    outs = mlir.lower_fun(fn, multiple_results=multiple_results)(inner, *args)
+  return [mlir_internal.lower_with_sharding_in_types(ctx, out, aval)
+          for out, aval in zip(outs, ctx.avals_out)]
 
 
 @functools.cache

@@ -16,6 +16,8 @@
   `reference_masked_f64`.
 - `gpu_interpret_mode` / `run_in_gpu_interpret_mode`: run Pallas GPU kernels on
   the CPU with race detection and fail on any race.
+- `jnp_quantize_kernels`: the fused quantiser kernels replaced by the jnp
+  quantisers (the same bits), to test how the kernels partition on CPU meshes.
 """
 from __future__ import annotations
 
@@ -465,3 +467,49 @@ def run_in_gpu_interpret_mode(fn, *args, detect_races: bool = True, **params):
   with gpu_interpret_mode(detect_races=detect_races, **params):
     out = jax.block_until_ready(jax.jit(fn)(*args))
   return out
+
+
+# ---- a stand-in for the fused quantiser kernels ------------------------------------
+
+class JnpQuantizeKernels:
+  """Stands in for jax_fp8.pallas.quantize with the jnp quantisers (which give
+  the same bits) and records the shape of every x it is traced with.
+
+  Interpret-mode kernels cannot run on several devices, so on the CPU this is
+  how tests see the kernels' partitioning (jax_fp8.quantize_sharding): the
+  rule, the per-shard calls (`shapes`) and the collectives around them.
+  """
+
+  def __init__(self):
+    self.shapes: list[tuple[int, ...]] = []
+
+  def unsupported_reason(self, op, shape, dtype, **_):
+    from jax_fp8.pallas import quantize as kernels
+    return kernels.unsupported_reason(op, shape, dtype)
+
+  def quantize_1x128(self, x, *, power_of_two_scales=False):
+    self.shapes.append(tuple(x.shape))
+    return quantize._jnp_quantize_1x128(x, power_of_two_scales=power_of_two_scales)
+
+  def quantize_1x128_with_transpose(self, x, *, power_of_two_scales=False):
+    self.shapes.append(tuple(x.shape))
+    return quantize._jnp_quantize_1x128_with_transpose(
+        x, power_of_two_scales=power_of_two_scales)
+
+  def quantize_128x128(self, w, *, power_of_two_scales=False, with_transpose=False):
+    self.shapes.append(tuple(w.shape))
+    fn = (quantize._jnp_quantize_128x128_with_transpose if with_transpose
+          else quantize._jnp_quantize_128x128)
+    return fn(w, power_of_two_scales=power_of_two_scales)
+
+
+@contextlib.contextmanager
+def jnp_quantize_kernels():
+  """Inside, backend="pallas" quantisers run a JnpQuantizeKernels (yielded) in
+  the kernels' place, on any platform, through the kernels' partitioning."""
+  stand_in = JnpQuantizeKernels()
+  previous, quantize._stand_in_kernels = quantize._stand_in_kernels, stand_in
+  try:
+    yield stand_in
+  finally:
+    quantize._stand_in_kernels = previous

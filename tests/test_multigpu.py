@@ -15,15 +15,21 @@ Each case compares the sharded result
   within the project's bounds (float32 2.5e-4 on GPU tensor cores, 1e-5 on the
   CPU; bfloat16 4e-3);
 - and counts the compiled HLO's collectives: those the sharding rules promise
-  (jax_fp8/grouped_sharding.py) for the grouped ops; for jax_fp8.dense, per
-  kind no more than a bfloat16 `x @ kernel` forward and backward compiled with
-  the same shardings needs.
+  (jax_fp8/grouped_sharding.py) for the grouped ops, none for the quantisers
+  split in whole 128-groups (jax_fp8/quantize_sharding.py); for jax_fp8.dense,
+  per kind no more than a bfloat16 `x @ kernel` forward and backward compiled
+  with the same shardings needs.
+
+The quantisers take the fused Pallas kernels on Hopper/Blackwell GPUs; on the
+CPU the jnp quantisers stand in for them (testing.jnp_quantize_kernels: the
+same bits), so CI runs the kernels' partitioning here too.
 
 Every check of a case runs and prints its result (pytest -rP shows them for
 passed tests); a case fails at the end listing each check that did not hold.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -299,6 +305,40 @@ def test_ragged_dot_sharded(rule):
   checks.done()
 
 
+# ---- quantisers: the fused kernels shard by shard ---------------------------------------
+
+def _kernel_path():
+  """The quantisers' kernel path: the Pallas kernels on GPUs, their stand-in on the CPU."""
+  return contextlib.nullcontext() if ON_GPU else testing.jnp_quantize_kernels()
+
+
+QUANTIZERS = ("quantize_1x128", "quantize_1x128_with_transpose", "quantize_128x128",
+              "quantize_128x128_with_transpose")
+
+
+@pytest.mark.parametrize("split", ["rows", "columns"])
+@pytest.mark.parametrize("op", QUANTIZERS)
+def test_quantizer_sharded(op, split):
+  """x [tokens, K] split over all devices in whole 128-groups (rows or columns):
+  each device quantises its shard (no communication), bitwise as on one device;
+  the transposed outputs come transposed-sharded."""
+  x = _dense_data()[0].astype(BF16)
+  fn = lambda x: getattr(jax_fp8, op)(x)   # backend="auto"
+  checks = Checks(f"{op} {x.shape} split by {split} over {len(DEVICES)} devices")
+  with _kernel_path():
+    one = on_one_device(fn, x)
+    mesh = _mesh((len(DEVICES),), ("x",))
+    spec = P("x", None) if split == "rows" else P(None, "x")
+    transposed = P(*reversed(tuple(spec)))
+    out_specs = ((spec,) * 2 + (transposed,) * 2)[:len(one)]
+    out, hlo, messages = sharded(fn, mesh, (spec,), out_specs, x)
+  for name, o, w in zip(("q", "s", "q_t", "s_t"), out, one):
+    checks.run(f"sharded {name} vs one device", same_as_one_device, o, w, F32, bitwise=True)
+  checks.run("collectives", collectives_are, hlo, {})
+  checks.run("no replication warning", no_replication_warning, messages)
+  checks.done()
+
+
 # ---- dense: forward and backward, data and tensor parallel ------------------------------
 
 def _fwd_bwd(x, kernel, dy):
@@ -365,7 +405,8 @@ def test_dense_forward_and_backward_sharded(layout, mesh_shape):
   mesh = _mesh(mesh_shape, ("data", "tensor"))
   in_specs = (P("data", None), P(None, "tensor"), P("data", "tensor"))
   out_specs = (P("data", "tensor"), P("data", None), P(None, "tensor"))
-  out, hlo, messages = sharded(_fwd_bwd, mesh, in_specs, out_specs, x, kernel, dy)
+  with _kernel_path():
+    out, hlo, messages = sharded(_fwd_bwd, mesh, in_specs, out_specs, x, kernel, dy)
   bitwise = {"y": True, "dx": tensor == 1, "dkernel": data == 1}
   for name, o, r, w in zip(names, out, ref, one):
     checks.run(f"sharded {name} vs float64", close_to_reference, o, r, F32)
