@@ -98,13 +98,17 @@ def spec(cfg) -> str:
 
 
 def load_revision(rev: str):
-  """pallas/hopper_tiling.py of a git revision, as a module."""
-  root = os.path.join(os.path.dirname(__file__), "..")
-  src = subprocess.run(["git", "-C", root, "show", f"{rev}:pallas/hopper_tiling.py"],
-                       check=True, capture_output=True, text=True).stdout
-  path = os.path.join(tempfile.mkdtemp(), "hopper_tiling_rev.py")
-  with open(path, "w") as f:
-    f.write(src)
+  """pallas/hopper_tiling.py of a git revision (or that file itself, where `rev` is
+  a path: on a machine without the git history), as a module."""
+  if os.path.isfile(rev):
+    path = rev
+  else:
+    root = os.path.join(os.path.dirname(__file__), "..")
+    src = subprocess.run(["git", "-C", root, "show", f"{rev}:pallas/hopper_tiling.py"],
+                         check=True, capture_output=True, text=True).stdout
+    path = os.path.join(tempfile.mkdtemp(), "hopper_tiling_rev.py")
+    with open(path, "w") as f:
+      f.write(src)
   module_spec = importlib.util.spec_from_file_location("hopper_tiling_rev", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
@@ -128,7 +132,8 @@ def time_pair(m, n, k, kw, configs, rounds=2):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rev", default="737fe5c", help="the revision to compare with")
+  parser.add_argument("--rev", default="737fe5c", help="the revision to compare with (or "
+                      "the path of its pallas/hopper_tiling.py)")
   parser.add_argument("--shapes", default="required", choices=("required", "sweep", "extended"))
   parser.add_argument("--table", action="store_true", help="print this checkout's picks")
   parser.add_argument("--time", action="store_true",
