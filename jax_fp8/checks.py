@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_fp8 import backends
-from jax_fp8.quantize import FP8
+from jax_fp8.blocks import FP8
 
 
 def operand_dtypes(a, a_scale, b, b_scale):

@@ -28,7 +28,7 @@ from jax.interpreters import batching, mlir
 from jax_fp8 import backends
 from jax_fp8 import checks
 from jax_fp8.pallas import device
-from jax_fp8.quantize import BLOCK, FP8, num_blocks
+from jax_fp8.blocks import BLOCK, FP8, num_blocks
 
 OP = "glu"
 ACTIVATIONS = ("silu", "gelu", "relu")

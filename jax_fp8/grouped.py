@@ -38,7 +38,7 @@ from jax_fp8 import sharding
 from jax_fp8.grouped_sharding import MASKED, RAGGED  # the backends' op names
 from jax_fp8.pallas import device
 from jax_fp8.primitive import OUT_DTYPES
-from jax_fp8.quantize import num_blocks
+from jax_fp8.blocks import num_blocks
 from jax_fp8.reference import ragged_group_bounds
 
 # The ragged layout's running row count is an int32 that saturates at M.

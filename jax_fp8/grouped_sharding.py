@@ -58,7 +58,7 @@ from jax._src import core
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_fp8.quantize import BLOCK
+from jax_fp8.blocks import BLOCK
 from jax_fp8.reference import ragged_group_bounds
 from jax_fp8.sharding import AxisClaims, _entry, _spec, _without_mesh, lower_locally
 

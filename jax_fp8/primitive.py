@@ -26,7 +26,7 @@ from jax_fp8 import checks
 from jax_fp8 import fused
 from jax_fp8 import sharding
 from jax_fp8.pallas import device
-from jax_fp8.quantize import FP8, num_blocks
+from jax_fp8.blocks import FP8, num_blocks
 
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
 # b's scale granularity: 128x128 blocks (weights), or 1x128 groups per row of b

@@ -29,21 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_fp8 import quantize_sharding
 from jax_fp8.backends import BackendUnavailableError
+from jax_fp8.blocks import BLOCK, FP8, num_blocks  # noqa: F401 (num_blocks: part of this API)
 from jax_fp8.pallas import device
 
-BLOCK = 128
 E4M3_MAX = 448.0
-FP8 = jnp.float8_e4m3fn
 MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 2^-126
 
 _ABS_BITS = 0x7FFFFFFF       # float32 without its sign bit
 _MANTISSA_BITS = 0x7FFFFF
 _MANTISSA_OF_1_75 = 0x600000  # 448 = 1.75 * 2^8
-
-
-def num_blocks(n: int) -> int:
-  return -(-n // BLOCK)
 
 
 def _pad_to_block(x: jax.Array, axis: int) -> jax.Array:
@@ -328,7 +324,6 @@ def _kernel(op: str, pow2: bool):
   """The kernel `op` on a 2-D x, partitioned over a device mesh shard by shard
   where the 128-groups allow (jax_fp8.quantize_sharding)."""
   def kernel(x):
-    from jax_fp8 import quantize_sharding  # it imports this module
     if _stand_in_kernels is None and device.interpret_mode_active():
       # Interpret mode traces the kernel with ordered effects (its callbacks), which
       # a primitive's lowering cannot thread: it runs whole, as a plain call.

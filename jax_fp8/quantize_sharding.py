@@ -53,7 +53,7 @@ from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_fp8 import sharding
-from jax_fp8.quantize import BLOCK, FP8, num_blocks
+from jax_fp8.blocks import BLOCK, FP8, num_blocks
 
 # op -> (T grouped, has the transposed outputs, scales in 128x128 blocks)
 OPS = {

@@ -58,7 +58,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_fp8.quantize import BLOCK
+from jax_fp8.blocks import BLOCK
 
 ARG_NAMES = ("a", "a_scale", "b", "b_scale", "c")
 
