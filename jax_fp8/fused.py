@@ -8,8 +8,9 @@ tile, so the [M, 2F] intermediate never reaches memory. With
 out_dtype=float8_e4m3fn the result is also quantised 1x128 in the epilogue:
 (q [..., M, F] e4m3, scale [..., M, ceil(F/128)] f32), the next layer's input.
 
-Sharding: no partitioning rule of its own; under a multi-device jit XLA
-gathers its operands (the result is right, each device computes all of it).
+Sharding (jax_fp8/fused_sharding.py): batch and M split with no communication;
+the FP8-output dot's N in whole 128-column groups; K and a GLU's gate/up rows
+are gathered.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from jax.interpreters import batching, mlir
 
 from jax_fp8 import backends
 from jax_fp8 import checks
+from jax_fp8 import fused_sharding, sharding
 from jax_fp8.pallas import device
 from jax_fp8.blocks import BLOCK, FP8, num_blocks
 
@@ -149,6 +151,10 @@ def _select(fused: _Fused, platform, a_shape, b_shape, params, has_c):
 
 def _lowering(ctx, *args, prim, platform, **params):
   fused = _FUSED[prim]
+  if sharding.wants_partitioning(ctx):
+    # Several devices (jax_fp8/fused_sharding.py); each shard lowers back here in
+    # a one-device (manual) context, so this does not recurse.
+    return fused_sharding.lower(ctx, prim, *args, glu=fused is _GLU, **params)
   _, kernel = _select(fused, platform, ctx.avals_in[0].shape, ctx.avals_in[2].shape, params,
                       has_c=len(args) > 4)
   return mlir.lower_fun(_folded(fused, kernel, params), multiple_results=True)(ctx, *args)
@@ -169,6 +175,8 @@ def _batching_rule(args, dims, *, prim, **params):
 
 
 for _prim in _FUSED:
+  # custom_partitioning needs the device assignment and mesh at lowering time.
+  dispatch.prim_requires_devices_during_lowering.add(_prim)
   for _platform in ("cpu", "cuda"):
     mlir.register_lowering(_prim, functools.partial(_lowering, prim=_prim, platform=_platform),
                            platform=_platform)

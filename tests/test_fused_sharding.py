@@ -1,0 +1,98 @@
+"""The fused-epilogue ops partition by jax_fp8.fused_sharding's rules on a (2, 4) CPU mesh.
+
+Each sharded call against the same call on one device (bitwise: every output
+element is computed by the same code on either), the op lowered through its
+partitioner, the output's sharding, the compiled HLO's collectives (none where
+the rule splits; a gather of what it cannot split), and the warning only where
+the dense op would warn. Backend "reference": kernels cannot run under several
+devices in GPU interpret mode.
+"""
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import jax_fp8
+from jax_fp8 import testing
+
+CUSTOM_CALL = "CustomSPMDPartitioning"  # custom_partitioning's callback target.
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+FP8 = jnp.float8_e4m3fn
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (virtual) devices")
+
+
+def _collectives(hlo: str) -> dict[str, int]:
+  got = {op: len(re.findall(rf"= \S+ {op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
+  return {op: n for op, n in got.items() if n}
+
+
+def _dot_fp8(per_row=False):
+  block = (1, 128) if per_row else (128, 128)
+  return lambda a, sa, b, sb: jax_fp8.blockwise_fp8_dot(
+      a, sa, b, sb, out_dtype=FP8, b_scale_block=block, backend="reference")
+
+
+def _glu(out_dtype):
+  return lambda a, sa, b, sb: jax_fp8.blockwise_fp8_glu(a, sa, b, sb, out_dtype=out_dtype,
+                                                       backend="reference")
+
+
+# name, fn, (m, n, k, batch), in specs of (a, a_scale, b, b_scale), out spec,
+# expected collectives (None: any), warns
+CASES = [
+    ("dot_fp8_MN", _dot_fp8(), (256, 512, 256, ()), (P("x"), P("x"), P("y"), P("y")),
+     P("x", "y"), {}, False),
+    ("dot_fp8_per_row_b_N", _dot_fp8(True), (64, 512, 256, ()), (P(), P(), P("y"), P("y")),
+     P(None, "y"), {}, False),
+    ("dot_fp8_batch", _dot_fp8(), (64, 256, 256, (2,)),
+     (P("x"), P("x"), P(), P()), P("x"), {}, False),
+    # K cannot be split (the quantisation needs the whole sum): gathered.
+    ("dot_fp8_K", _dot_fp8(), (64, 256, 512, ()), (P(None, "y"), P(None, "y"), P(None, "y"),
+                                                   P(None, "y")), P(), None, False),
+    # N = 256 over 4: 64 columns a shard, not whole groups: replicated, exact.
+    ("dot_fp8_N_cuts_groups", _dot_fp8(), (64, 256, 256, ()), (P(), P(), P("y"), P()),
+     P(), None, False),
+    ("glu_M", _glu(jnp.bfloat16), (256, 512, 256, ()), (P(("x", "y")), P(("x", "y")), P(), P()),
+     P(("x", "y")), {}, False),
+    ("glu_fp8_M", _glu(FP8), (256, 512, 256, ()), (P("x"), P("x"), P(), P()), P("x"), {},
+     False),
+    # b's rows are gate then up: not split, gathered.
+    ("glu_rows", _glu(jnp.float32), (64, 512, 256, ()), (P(), P(), P("y"), P("y")), P(), None,
+     False),
+    # One mesh axis for M and N: N gives it up, with the dense op's warning.
+    ("dot_fp8_axis_twice", _dot_fp8(), (256, 512, 256, ()), (P("y"), P("y"), P("y"), P("y")),
+     P("y"), None, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_auto_axes(case):
+  name, fn, (m, n, k, batch), in_specs, out_spec, expect, warns = case
+  ops = testing.random_operands(sum(map(ord, name)), m, n, k, batch=batch,
+                                b_scale_block=(1, 128) if "per_row" in name else (128, 128))
+  args = ops.args()[:4]
+  want = jax.jit(fn)(*args)
+  mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+  shard = lambda spec: NamedSharding(mesh, spec)
+  sharded = jax.jit(fn, in_shardings=tuple(map(shard, in_specs)))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    lowered = sharded.lower(*args)
+    compiled = lowered.compile()
+    got = compiled(*args)
+  # The op goes through its own partitioner (on the CPU the reference's jnp
+  # would partition without one, so the collective counts alone prove nothing).
+  assert CUSTOM_CALL in lowered.as_text()
+  messages = [str(w.message) for w in caught if "replicating instead of sharding" in str(w.message)]
+  assert bool(messages) == warns, messages
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+  if expect is not None:
+    assert _collectives(compiled.as_text()) == expect, _collectives(compiled.as_text())
+    first = jax.tree.leaves(got)[0]
+    assert first.sharding.is_equivalent_to(shard(out_spec), first.ndim), first.sharding
