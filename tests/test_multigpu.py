@@ -91,10 +91,12 @@ if ON_GPU:
   MASKED = dict(m=256, n=4096, k=7168)
   RAGGED = dict(m=4096, n=7168, k=2048, sizes=(0, 1, 127, 129, 1500, 900, 800, 339))
   DENSE = dict(tokens=4096, k=7168, n=2048)
+  FUSED = dict(m=4096, n=4096, k=7168)   # the GLU: F = n / 2 gate and up rows each
 else:
   MASKED = dict(m=256, n=256, k=384)
   RAGGED = dict(m=512, n=256, k=256, sizes=(0, 1, 127, 129, 100, 60, 40, 20))
   DENSE = dict(tokens=512, k=256, n=512)
+  FUSED = dict(m=256, n=512, k=256)
 
 
 # ---- checks ---------------------------------------------------------------------------
@@ -420,5 +422,36 @@ def test_dense_forward_and_backward_sharded(layout, mesh_shape):
   baseline = jax.jit(_bf16_fwd_bwd, out_shardings=tuple(map(shard, out_specs)))
   baseline_hlo = baseline.lower(*avals).compile().as_text()
   checks.run("collectives", collectives_at_most, hlo, baseline_hlo)
+  checks.run("no replication warning", no_replication_warning, messages)
+  checks.done()
+
+
+# ---- the fused epilogues: FP8 output over N, the GLU over tokens ------------------------
+
+FP8 = jnp.float8_e4m3fn
+FUSED_CASES = {
+    # name: (fn, in specs of (a, a_scale, b, b_scale), out spec)
+    "dot_fp8_columns": (lambda *xs: jax_fp8.blockwise_fp8_dot(*xs, out_dtype=FP8, backend="auto"),
+                        (P(), P(), P("d"), P("d")), P(None, "d")),
+    "glu_fp8_rows": (lambda *xs: jax_fp8.blockwise_fp8_glu(*xs, out_dtype=FP8, backend="auto"),
+                     (P("d"), P("d"), P(), P()), P("d")),
+}
+
+
+@pytest.mark.parametrize("name", list(FUSED_CASES))
+def test_fused_sharded(name):
+  """jax_fp8/fused_sharding.py: the FP8-output dot's N in whole 128-column
+  groups, the GLU's tokens: each device its part, nothing moved, every element
+  (and every scale) as on one device."""
+  fn, in_specs, out_spec = FUSED_CASES[name]
+  ops = testing.random_operands(sum(map(ord, name)), FUSED["m"], FUSED["n"], FUSED["k"])
+  args = ops.args()[:4]
+  checks = Checks(f"{name} {FUSED} over {len(DEVICES)} devices")
+  one = on_one_device(fn, *args)
+  mesh = _mesh((len(DEVICES),), ("d",))
+  out, hlo, messages = sharded(fn, mesh, in_specs, (out_spec, out_spec), *args)
+  for what, o, w in zip(("q", "scale"), out, one):
+    checks.run(f"sharded {what} vs one device", same_as_one_device, o, w, F32, bitwise=True)
+  checks.run("collectives", collectives_are, hlo, {})
   checks.run("no replication warning", no_replication_warning, messages)
   checks.done()
