@@ -59,8 +59,8 @@ def _partitioned(prim, params, *, batch_ndim, has_c, n_in_blocks, glu, per_row_b
   def partition(mesh, arg_shapes, result_shape):
     batch, m, n = _plan(mesh, arg_shapes, n_in_blocks=n_in_blocks)
     body = sharding._without_mesh(lambda *xs: tuple(prim.bind(*xs, **params)))
-    return mesh, body, _results(mesh, batch, m, n, result_shape), _args(
-        mesh, batch, m, n, has_c, per_row_b)
+    return mesh, body, _results(mesh, batch, m, n, result_shape), _args(mesh, batch, m, n,
+                                                                        has_c)
 
   def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
     # The (deprecated) GSPMD partitioner only; Shardy uses the rule.
@@ -137,8 +137,8 @@ def _results(mesh, batch, m, n, result_shape):
   return tuple(NamedSharding(mesh, spec) for _ in range(count))
 
 
-def _args(mesh, batch, m, n, has_c, per_row_b):
-  del per_row_b  # b_scale's rows go with b's (per row) or with its blocks (whole groups)
+def _args(mesh, batch, m, n, has_c):
+  """b_scale's rows go with b's: per row, or its 128-blocks whole on every shard."""
   rows = tuple(map(sharding._entry, batch)) + (sharding._entry(m),)
   n_entry = sharding._entry(n)
   specs = [P(*rows, None), P(*rows, None), P(n_entry, None), P(n_entry, None)]

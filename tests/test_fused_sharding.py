@@ -37,6 +37,11 @@ def _dot_fp8(per_row=False):
       a, sa, b, sb, out_dtype=FP8, b_scale_block=block, backend="reference")
 
 
+def _dot_fp8_c(a, sa, b, sb, c):
+  return jax_fp8.blockwise_fp8_dot(a, sa, b, sb, c, beta=0.5, out_dtype=FP8,
+                                   backend="reference")
+
+
 def _glu(out_dtype):
   return lambda a, sa, b, sb: jax_fp8.blockwise_fp8_glu(a, sa, b, sb, out_dtype=out_dtype,
                                                        backend="reference")
@@ -49,6 +54,8 @@ CASES = [
      P("x", "y"), {}, False),
     ("dot_fp8_per_row_b_N", _dot_fp8(True), (64, 512, 256, ()), (P(), P(), P("y"), P("y")),
      P(None, "y"), {}, False),
+    ("dot_fp8_c_MN", _dot_fp8_c, (256, 512, 256, ()),
+     (P("x"), P("x"), P("y"), P("y"), P("x", "y")), P("x", "y"), {}, False),
     ("dot_fp8_batch", _dot_fp8(), (64, 256, 256, (2,)),
      (P("x"), P("x"), P(), P()), P("x"), {}, False),
     # K cannot be split (the quantisation needs the whole sum): gathered.
@@ -73,9 +80,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_auto_axes(case):
   name, fn, (m, n, k, batch), in_specs, out_spec, expect, warns = case
-  ops = testing.random_operands(sum(map(ord, name)), m, n, k, batch=batch,
+  ops = testing.random_operands(sum(map(ord, name)), m, n, k, batch=batch, with_c="_c_" in name,
                                 b_scale_block=(1, 128) if "per_row" in name else (128, 128))
-  args = ops.args()[:4]
+  args = ops.args()[:len(in_specs)]
   want = jax.jit(fn)(*args)
   mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
   shard = lambda spec: NamedSharding(mesh, spec)
