@@ -10,7 +10,7 @@ out_dtype=float8_e4m3fn the result is also quantised 1x128 in the epilogue:
 
 Sharding (jax_fp8/fused_sharding.py): batch and M split with no communication;
 the FP8-output dot's N in whole 128-column groups; K and a GLU's gate/up rows
-are gathered.
+are gathered. Under Explicit mesh axes the outputs are typed by the same rule.
 """
 from __future__ import annotations
 
@@ -101,11 +101,13 @@ _DOT = _Fused(blockwise_fp8_dot_fp8_p, "blockwise_fp8_dot", lambda b_shape: b_sh
 _FUSED = {blockwise_fp8_glu_p: _GLU, blockwise_fp8_dot_fp8_p: _DOT}
 
 
-def _out_avals(batch, m, f, out_dtype):
+def _out_avals(batch, m, f, out_dtype, out_sharding):
+  # Explicit mesh axes: typed by jax_fp8.fused_sharding's rule (q and s alike).
+  typed = {} if out_sharding is None else dict(sharding=out_sharding)
   if np.dtype(out_dtype) == np.dtype(FP8):
-    return [jax.core.ShapedArray((*batch, m, f), FP8),
-            jax.core.ShapedArray((*batch, m, num_blocks(f)), jnp.float32)]
-  return [jax.core.ShapedArray((*batch, m, f), out_dtype)]
+    return [jax.core.ShapedArray((*batch, m, f), FP8, **typed),
+            jax.core.ShapedArray((*batch, m, num_blocks(f)), jnp.float32, **typed)]
+  return [jax.core.ShapedArray((*batch, m, f), out_dtype, **typed)]
 
 
 def _glu_abstract_eval(a, a_scale, b, b_scale, *, activation, out_dtype, power_of_two_scales,
@@ -113,14 +115,16 @@ def _glu_abstract_eval(a, a_scale, b, b_scale, *, activation, out_dtype, power_o
   del power_of_two_scales
   batch, m, f, _ = validate(a, a_scale, b, b_scale, activation=activation, out_dtype=out_dtype,
                             backend=backend)
-  return _out_avals(batch, m, f, out_dtype)
+  return _out_avals(batch, m, f, out_dtype,
+                    fused_sharding.out_sharding(a, a_scale, b, b_scale, glu=True))
 
 
-def _dot_abstract_eval(a, a_scale, b, *rest, beta, out_dtype, power_of_two_scales,
+def _dot_abstract_eval(a, a_scale, b, b_scale, *c, beta, out_dtype, power_of_two_scales,
                        b_scale_rows, backend):
-  del a_scale, rest, beta, power_of_two_scales, b_scale_rows, backend  # checked before binding
+  del beta, power_of_two_scales, b_scale_rows, backend  # checked before binding
   *batch, m, _ = a.shape
-  return _out_avals(batch, m, b.shape[0], out_dtype)
+  return _out_avals(batch, m, b.shape[0], out_dtype,
+                    fused_sharding.out_sharding(a, a_scale, b, b_scale, *c, glu=False))
 
 
 blockwise_fp8_glu_p.def_abstract_eval(_glu_abstract_eval)
@@ -157,7 +161,8 @@ def _lowering(ctx, *args, prim, platform, **params):
     return fused_sharding.lower(ctx, prim, *args, glu=fused is _GLU, **params)
   _, kernel = _select(fused, platform, ctx.avals_in[0].shape, ctx.avals_in[2].shape, params,
                       has_c=len(args) > 4)
-  return mlir.lower_fun(_folded(fused, kernel, params), multiple_results=True)(ctx, *args)
+  return sharding.lower_locally(ctx, _folded(fused, kernel, params), *args,
+                                multiple_results=True)
 
 
 def _batching_rule(args, dims, *, prim, **params):

@@ -22,13 +22,17 @@
 Like the dense op (jax_fp8/sharding.py), the primitive is wrapped in
 custom_partitioning with a Shardy rule only under a multi-device jit with a
 mesh (not for jax.export); each shard binds the primitive again, lowered
-directly.
+directly. Under Explicit mesh axes `out_sharding` types the outputs by the same
+rule (the dense op's type, less what the rule cannot split), so the partitioner
+and the type agree and nothing is resharded after the call.
 """
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
+from jax._src import core
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -145,3 +149,38 @@ def _args(mesh, batch, m, n, has_c):
   if has_c:
     specs.append(P(*rows, n_entry))
   return tuple(NamedSharding(mesh, s) for s in specs)
+
+
+# ------------------------------------------------------- Explicit axes (typing)
+
+def out_sharding(a, a_scale, b, b_scale, c=None, *, glu: bool):
+  """Both outputs' sharding under Explicit mesh axes (q and its scales alike):
+  the dense op's (batch/M from a, N from b or c, K a reduction, conflicting
+  arguments a ShardingTypeError naming the one to reshard), with the output's
+  columns replicated where the rule cannot split them: always for the GLU (b's
+  rows are gate then up, so their sharding says nothing about F), and for the
+  FP8-output dot unless every shard holds whole 128-column groups. None where
+  no argument carries a mesh."""
+  op = "blockwise_fp8_glu" if glu else "blockwise_fp8_dot"
+  if glu:
+    b, b_scale = _rows_unsharded(b), _rows_unsharded(b_scale)
+  out = sharding.out_sharding(a, a_scale, b, b_scale, c, op=op)
+  if out is None or out.mesh.empty:
+    return out
+  spec = sharding._spec(out, a.ndim)
+  sizes = dict(out.mesh.shape)
+  n, shards = b.shape[0], math.prod(sizes[ax] for ax in spec[-1])
+  whole_groups = (sharding._splits_in_blocks(n, tuple(sizes.values()))
+                  and n % (shards * BLOCK) == 0)
+  if glu or not whole_groups:
+    spec[-1] = ()
+  return out.update(spec=P(*map(sharding._entry, spec)))
+
+
+def _rows_unsharded(x):
+  """x's type with its first dimension replicated (the GLU's b and b_scale)."""
+  s = getattr(x, "sharding", None)
+  if s is None or s.mesh.empty:
+    return x
+  spec = list(s.spec) + [None] * (x.ndim - len(s.spec))
+  return core.ShapedArray(x.shape, x.dtype, sharding=s.update(spec=P(None, *spec[1:])))

@@ -442,8 +442,9 @@ def _without_mesh(fn):
 
 # ------------------------------------------------------- Explicit axes (typing)
 
-def out_sharding(a, a_scale, b, b_scale, c):
-  """Output sharding under Explicit mesh axes, like lax.dot_general's rule.
+def out_sharding(a, a_scale, b, b_scale, c, *, op: str = "blockwise_fp8_dot"):
+  """Output sharding under Explicit mesh axes, like lax.dot_general's rule
+  (`op` names the public function in errors: the fused ops share the rule).
 
   Batch dims and M come from a, N from b, K is a reduction (the output is
   replicated over K's axes: the op sums over them). a_scale, b_scale and c must
@@ -464,12 +465,12 @@ def out_sharding(a, a_scale, b, b_scale, c):
   for name, other in meshes.items():
     if other != mesh:
       raise core.ShardingTypeError(
-          f"blockwise_fp8_dot: all arguments must be on one mesh; {name} is on {other} "
+          f"{op}: all arguments must be on one mesh; {name} is on {other} "
           f"but {next(iter(meshes))} is on {mesh}")
   for name, v in avals.items():
     if name in meshes and (v.sharding.spec.unreduced or v.sharding.spec.reduced):
       raise core.ShardingTypeError(
-          f"blockwise_fp8_dot: {name} must not be unreduced/reduced, got {v.sharding.spec}")
+          f"{op}: {name} must not be unreduced/reduced, got {v.sharding.spec}")
 
   def spec(name):
     v = avals[name]
@@ -495,13 +496,13 @@ def out_sharding(a, a_scale, b, b_scale, c):
         axes, leader = here, name
       elif here != axes:
         raise core.ShardingTypeError(
-            f"blockwise_fp8_dot: {factor} of {name} is sharded over {here} but {factor} of "
+            f"{op}: {factor} of {name} is sharded over {here} but {factor} of "
             f"{leader} over {axes}; reshard {name} with jax.sharding.reshard({name}, "
             f"{_suggest(name, specs, factors, dim, axes)})")
     for ax in axes:
       if ax in owner:
         raise core.ShardingTypeError(
-            f"blockwise_fp8_dot: mesh axis {ax!r} shards both {owner[ax][0]} (of "
+            f"{op}: mesh axis {ax!r} shards both {owner[ax][0]} (of "
             f"{owner[ax][1]}) and {factor} (of {leader}); reshard {leader} with "
             "jax.sharding.reshard so that each mesh axis shards one dimension")
       owner[ax] = (factor, leader)

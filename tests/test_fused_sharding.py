@@ -1,6 +1,7 @@
 """The fused-epilogue ops partition by jax_fp8.fused_sharding's rules on a (2, 4) CPU mesh.
 
-Each sharded call against the same call on one device (bitwise: every output
+Auto axes (jit in_shardings) and Explicit axes (jax.set_mesh: the outputs'
+types carry the rule's sharding). Each sharded call against the same call on one device (bitwise: every output
 element is computed by the same code on either), the op lowered through its
 partitioner, the output's sharding, the compiled HLO's collectives (none where
 the rule splits; a gather of what it cannot split), and the warning only where
@@ -103,3 +104,60 @@ def test_auto_axes(case):
     assert _collectives(compiled.as_text()) == expect, _collectives(compiled.as_text())
     first = jax.tree.leaves(got)[0]
     assert first.sharding.is_equivalent_to(shard(out_spec), first.ndim), first.sharding
+
+
+def _full(spec, ndim):
+  return P(*spec, *([None] * (ndim - len(spec))))
+
+
+# Explicit axes: the same cases but the one the types refuse (one mesh axis for
+# M and N: tested below), and a GLU whose b rows share M's axis (fine: its rows
+# are not split, so they claim no axis).
+EXPLICIT = [c for c in CASES if c[0] != "dot_fp8_axis_twice"] + [
+    ("glu_rows_on_M_axis", _glu(FP8), (256, 512, 256, ()), (P("y"), P("y"), P("y"), P("y")),
+     P("y"), None, False),
+]
+
+
+@pytest.mark.parametrize("case", EXPLICIT, ids=[c[0] for c in EXPLICIT])
+def test_explicit_axes(case):
+  name, fn, (m, n, k, batch), in_specs, out_spec, expect, warns = case
+  ops = testing.random_operands(sum(map(ord, name)) + 1, m, n, k, batch=batch,
+                                with_c="_c_" in name,
+                                b_scale_block=(1, 128) if "per_row" in name else (128, 128))
+  args = ops.args()[:len(in_specs)]
+  want = jax.jit(fn)(*args)
+  f = jax.jit(fn)
+  with jax.set_mesh(jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)):
+    args = [jax.device_put(x, s) for x, s in zip(args, in_specs)]
+    # Both outputs (q and its scales) typed by the rule: the partitioner's own
+    # sharding, so nothing is resharded after the call.
+    for leaf in jax.tree.leaves(jax.eval_shape(f, *args)):
+      assert leaf.sharding.spec == _full(out_spec, leaf.ndim), (leaf.sharding.spec, out_spec)
+    lowered = f.lower(*args)
+    assert CUSTOM_CALL in lowered.as_text()
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      compiled = lowered.compile()
+    got = compiled(*args)
+  messages = [str(w.message) for w in caught if "replicating instead of sharding" in str(w.message)]
+  assert bool(messages) == warns, messages
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+  if expect is not None:
+    assert _collectives(compiled.as_text()) == expect, _collectives(compiled.as_text())
+
+
+@pytest.mark.parametrize("fn, specs, message", [
+    (_glu(jnp.bfloat16), (P("x"), P("y"), P(), P()),
+     r"blockwise_fp8_glu: M of a_scale .* reshard a_scale"),
+    (_dot_fp8(), (P("y"), P("y"), P("y"), P("y")),
+     r"blockwise_fp8_dot: mesh axis 'y' shards both M \(of a\) and N \(of b\); reshard b"),
+], ids=["glu_scales_disagree", "dot_fp8_axis_twice"])
+def test_explicit_axes_mismatch_names_the_argument_to_reshard(fn, specs, message):
+  ops = testing.random_operands(7, 256, 512, 256)
+  with jax.set_mesh(jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)):
+    args = [jax.device_put(x, s) for x, s in zip(ops.args()[:4], specs)]
+    with pytest.raises(Exception, match=message) as info:
+      jax.jit(fn)(*args)
+  assert type(info.value).__name__ == "ShardingTypeError"  # As lax.dot_general raises.
