@@ -1,4 +1,4 @@
-"""How the fused-epilogue ops partition over a device mesh (Auto axes).
+"""How the fused-epilogue ops partition over a device mesh (Auto and Explicit axes).
 
     factor   a      a_scale   b         b_scale    c / q      out scale
     batch    [..]   [..]      -         -          [..]       [..]
@@ -14,6 +14,8 @@
 - `blockwise_fp8_glu`: batch and M split evenly; b = [gate; up] is not split
   (a split of its 2F rows would give one device gate rows, another their up
   rows), nor K: the weights are gathered where they come sharded.
+  (F over devices: lay b out per shard, [gate_0; up_0; gate_1; up_1; ...],
+  and call the op in shard_map on local shards: README, Fused epilogues.)
 - What cannot be split so is replicated, with the dense op's warning where it
   would warn (an uneven split, a mesh axis wanted twice, a sub-axis); an even
   split of N that cuts 128-groups, and a sharded K or 2F, are replicated

@@ -1,12 +1,12 @@
 """The fused-epilogue ops partition by jax_fp8.fused_sharding's rules on a (2, 4) CPU mesh.
 
 Auto axes (jit in_shardings) and Explicit axes (jax.set_mesh: the outputs'
-types carry the rule's sharding). Each sharded call against the same call on one device (bitwise: every output
-element is computed by the same code on either), the op lowered through its
-partitioner, the output's sharding, the compiled HLO's collectives (none where
-the rule splits; a gather of what it cannot split), and the warning only where
-the dense op would warn. Backend "reference": kernels cannot run under several
-devices in GPU interpret mode.
+types carry the rule's sharding). Each sharded call against the same call on
+one device (bitwise: every output element is computed by the same code on
+either), the op lowered through its partitioner, the output's sharding, the
+compiled HLO's collectives (none where the rule splits; a gather of what it
+cannot split), and the warning only where the dense op would warn. Backend
+"reference": kernels cannot run under several devices in GPU interpret mode.
 """
 import re
 import warnings
@@ -161,3 +161,25 @@ def test_explicit_axes_mismatch_names_the_argument_to_reshard(fn, specs, message
     with pytest.raises(Exception, match=message) as info:
       jax.jit(fn)(*args)
   assert type(info.value).__name__ == "ShardingTypeError"  # As lax.dot_general raises.
+
+
+def test_glu_tensor_parallel_over_f_in_shard_map():
+  """The README's recipe for F over devices: b's rows laid out per shard
+  ([gate_0; up_0; gate_1; up_1; ...]), the GLU in shard_map on local shards
+  (lowered directly), each device's F columns; equal to the unsharded call."""
+  m, f, k, d = 64, 512, 256, 4
+  ops = testing.random_operands(11, m, 2 * f, k)
+  a, sa, b, sb = ops.args()[:4]
+  fn = _glu(FP8)
+  want = jax.jit(fn)(a, sa, b, sb)
+  per_shard = lambda x: x.reshape(2, d, -1, x.shape[-1]).swapaxes(0, 1).reshape(x.shape)
+  mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+  local = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P("y"), P("y")),
+                                out_specs=(P(None, "y"), P(None, "y"))))
+  lowered = local.lower(a, sa, per_shard(b), per_shard(sb))
+  assert CUSTOM_CALL not in lowered.as_text()
+  compiled = lowered.compile()
+  got = compiled(a, sa, per_shard(b), per_shard(sb))
+  assert _collectives(compiled.as_text()) == {}
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
