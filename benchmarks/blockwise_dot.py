@@ -63,7 +63,6 @@ import numpy as np  # noqa: E402
 
 from harness import cli  # noqa: E402
 from harness import env as envs  # noqa: E402
-from harness import runner  # noqa: E402
 from jax_fp8 import backends  # noqa: E402
 from workloads import dense  # noqa: E402
 
@@ -125,9 +124,7 @@ def _main() -> int:
       options_class=dense.Options, check=FLAGS.check or FLAGS.interpret,
       interpret=FLAGS.interpret, out_dtype=out_dtype, tensorwise_scales=FLAGS.tensorwise_scales,
       interpret_max_mnk=FLAGS.interpret_max_mnk)
-  runner.install_sigterm()
-  result = runner.run(dense.workload(opts), opts, env, log=cli.log)
-  return runner.exit_status(result)
+  return cli.run_workload(dense.workload(opts), opts, env)
 
 
 def main(argv):

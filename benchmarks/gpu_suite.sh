@@ -56,7 +56,8 @@
 #                                     what it did not run. The limits of the parts of
 #                                     one call must add up to less than the device's
 #                                     600 s.
-# DeepGEMM JIT-compiles its kernels at first use: DG_JIT_CACHE_DIR on a carried
+# DeepGEMM: `bash tools/build_deepgemm.sh` on the device builds it (see there); it
+# JIT-compiles its kernels at first use: DG_JIT_CACHE_DIR on a carried
 # path keeps them across device calls.
 set -u -o pipefail
 

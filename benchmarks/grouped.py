@@ -53,7 +53,6 @@ from absl import flags  # noqa: E402
 
 from harness import cli  # noqa: E402
 from harness import env as envs  # noqa: E402
-from harness import runner  # noqa: E402
 from workloads import grouped  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -103,9 +102,7 @@ def _main() -> int:
   cli.warn_if_no_plot()
   opts = cli.common_options(cases, names, options_class=grouped.Options,
                             mgpu_config=mgpu_config)
-  runner.install_sigterm()
-  result = runner.run(grouped.workload(opts), opts, env, log=cli.log)
-  return runner.exit_status(result)
+  return cli.run_workload(grouped.workload(opts), opts, env)
 
 
 def main(argv):

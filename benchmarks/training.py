@@ -42,7 +42,6 @@ from absl import flags  # noqa: E402
 
 from harness import cli  # noqa: E402
 from harness import env as envs  # noqa: E402
-from harness import runner  # noqa: E402
 from workloads import training  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -81,9 +80,7 @@ def _main() -> int:
     print("no GPU found: CPU numbers (a smoke test of the set-up)", flush=True)
   cli.warn_if_no_plot()
   opts = cli.common_options(cases, names)
-  runner.install_sigterm()
-  result = runner.run(training.workload(opts), opts, env, log=cli.log)
-  return runner.exit_status(result)
+  return cli.run_workload(training.workload(opts), opts, env)
 
 
 def main(argv):

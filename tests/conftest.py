@@ -23,3 +23,16 @@ def requires_gpu(min_cc=(8, 9), major=None):
   ok = cc is not None and cc >= tuple(min_cc) and (major is None or cc[0] == major)
   what = f"compute capability {major}.x" if major is not None else f">= {min_cc}"
   return pytest.mark.skipif(not ok, reason=f"needs an NVIDIA GPU with {what} (found {cc})")
+
+
+@pytest.fixture
+def autotune_cache(tmp_path, monkeypatch):
+  """A fresh autotune cache file (its path), tuning off, and no cached entries in
+  memory before or after the test."""
+  from jax_fp8.pallas import autotune
+  path = tmp_path / "autotune.json"
+  monkeypatch.setenv("JAX_FP8_AUTOTUNE_CACHE", str(path))
+  monkeypatch.delenv("JAX_FP8_AUTOTUNE", raising=False)
+  autotune.clear_memory()
+  yield path
+  autotune.clear_memory()

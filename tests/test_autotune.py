@@ -31,17 +31,11 @@ class Cfg:
   tile: int
 
 
-@pytest.fixture(autouse=True)
-def cache_file(tmp_path, monkeypatch):
-  path = tmp_path / "autotune.json"
-  monkeypatch.setenv("JAX_FP8_AUTOTUNE_CACHE", str(path))
-  monkeypatch.delenv("JAX_FP8_AUTOTUNE", raising=False)
-  autotune.clear_memory()
-  yield path
-  autotune.clear_memory()
+# Every test gets its own empty cache file (conftest.autotune_cache).
+pytestmark = pytest.mark.usefixtures("autotune_cache")
 
 
-def test_tune_keeps_the_fastest_and_skips_failures(cache_file):
+def test_tune_keeps_the_fastest_and_skips_failures(autotune_cache):
   times = {1: 3.0, 2: 1.0, 3: 0.5, 4: 2.0}
 
   def time_config(cfg):
@@ -52,7 +46,7 @@ def test_tune_keeps_the_fastest_and_skips_failures(cache_file):
   key = autotune.make_key("k", 10, 20, 30, out_dtype=BF16, device="dev")
   best = autotune.tune(key, [Cfg(t) for t in (1, 2, 3, 4)], time_config)
   assert best == Cfg(2)
-  entry = json.loads(cache_file.read_text())[key]
+  entry = json.loads(autotune_cache.read_text())[key]
   assert entry["config"] == {"tile": 2} and entry["ms"] == 1.0 and entry["failed"] == 1
   assert autotune.lookup(key) == {"tile": 2}
   autotune.clear_memory()  # a new process reads the file
@@ -68,12 +62,12 @@ def test_tune_raises_when_every_candidate_fails():
   assert autotune.lookup("key") is None
 
 
-def test_corrupt_cache_is_ignored(cache_file):
-  cache_file.write_text("{not json")
+def test_corrupt_cache_is_ignored(autotune_cache):
+  autotune_cache.write_text("{not json")
   with pytest.warns(UserWarning, match="ignoring autotune cache"):
     assert autotune.lookup("anything") is None
   autotune.tune("key", [Cfg(1)], lambda cfg: 1.0)
-  assert json.loads(cache_file.read_text())["key"]["config"] == {"tile": 1}
+  assert json.loads(autotune_cache.read_text())["key"]["config"] == {"tile": 1}
 
 
 def test_check_rejects_wrong_output():
@@ -120,7 +114,7 @@ def test_hopper_tune_then_public_api_uses_cache(monkeypatch):
   testing.assert_close(out, testing.reference_f64(*ops.args()[:4]), BF16)
 
 
-def test_env_tunes_on_a_cache_miss_inside_jit(monkeypatch, cache_file):
+def test_env_tunes_on_a_cache_miss_inside_jit(monkeypatch, autotune_cache):
   monkeypatch.setenv("JAX_FP8_AUTOTUNE", "1")
   monkeypatch.setattr(hopper_tiling, "candidate_configs", lambda *a, **kw: list(CANDIDATES))
   m, n, k = 24, 136, 256
@@ -130,18 +124,18 @@ def test_env_tunes_on_a_cache_miss_inside_jit(monkeypatch, cache_file):
         *x, beta=0.5, out_dtype=jnp.float32, backend="pallas_sm90"))(*ops.args()))
     key = autotune.make_key("pallas_sm90", m, n, k, out_dtype=jnp.float32, c_dtype=jnp.float32)
   testing.assert_close(out, testing.reference_f64(*ops.args(), beta=0.5), jnp.float32)
-  entry = json.loads(cache_file.read_text())[key]
+  entry = json.loads(autotune_cache.read_text())[key]
   assert hopper.HopperConfig(**entry["config"]) in CANDIDATES
   assert len(entry["candidates"]) == 2 and entry["failed"] == 0
 
 
 @requires_gpu(major=9)
-def test_gpu_tune_deepseek_shape(cache_file):
+def test_gpu_tune_deepseek_shape(autotune_cache):
   """Every candidate at 128x2112x7168 on the GPU: each is checked against the
   float32 reference before it is timed, and the winner is cached for this GPU."""
   m, n, k = 128, 2112, 7168
   best = hopper_tiling.tune(m, n, k, iters=10)
-  entry = json.loads(cache_file.read_text())[
+  entry = json.loads(autotune_cache.read_text())[
       autotune.make_key("pallas_sm90", m, n, k, out_dtype=BF16)]
   for c in sorted(entry["candidates"], key=lambda c: c["ms"]):
     cfg = c["config"]
@@ -154,7 +148,7 @@ def test_gpu_tune_deepseek_shape(cache_file):
 
 
 @requires_gpu(major=9)
-def test_gpu_env_tunes_during_lowering(monkeypatch, cache_file):
+def test_gpu_env_tunes_during_lowering(monkeypatch, autotune_cache):
   """JAX_FP8_AUTOTUNE=1: the cache miss is tuned inside the primitive's CUDA lowering."""
   monkeypatch.setenv("JAX_FP8_AUTOTUNE", "1")
   real = hopper_tiling.candidate_configs
@@ -163,6 +157,6 @@ def test_gpu_env_tunes_during_lowering(monkeypatch, cache_file):
   ops = testing.random_operands(8, m, n, k)
   out = jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(*x, backend="pallas_sm90"))(*ops.args()[:4])
   testing.assert_close(out, testing.reference_f64(*ops.args()[:4]), BF16)
-  entry = json.loads(cache_file.read_text())[
+  entry = json.loads(autotune_cache.read_text())[
       autotune.make_key("pallas_sm90", m, n, k, out_dtype=BF16)]
   assert len(entry["candidates"]) == 3 and entry["failed"] == 0

@@ -16,14 +16,8 @@ from jax_fp8.pallas import autotune, hopper, hopper_tiling
 BF16 = np.dtype(jax.numpy.bfloat16)
 
 
-@pytest.fixture(autouse=True)
-def cache_file(tmp_path, monkeypatch):
-  path = tmp_path / "autotune.json"
-  monkeypatch.setenv("JAX_FP8_AUTOTUNE_CACHE", str(path))
-  monkeypatch.delenv("JAX_FP8_AUTOTUNE", raising=False)
-  autotune.clear_memory()
-  yield path
-  autotune.clear_memory()
+# Every test gets its own empty cache file (conftest.autotune_cache).
+pytestmark = pytest.mark.usefixtures("autotune_cache")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,30 +31,30 @@ class Cfg:
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", "3", '"text"', "null", "{not json", "\xff\xfe"])
-def test_a_cache_that_is_not_an_object_of_entries_is_ignored(cache_file, content):
-  cache_file.write_bytes(content.encode("latin-1"))
-  with pytest.warns(UserWarning, match=f"ignoring autotune cache {cache_file}"):
+def test_a_cache_that_is_not_an_object_of_entries_is_ignored(autotune_cache, content):
+  autotune_cache.write_bytes(content.encode("latin-1"))
+  with pytest.warns(UserWarning, match=f"ignoring autotune cache {autotune_cache}"):
     assert autotune.lookup("key") is None
   # Tuning rewrites it.
   autotune.tune("key", [Cfg(1)], lambda cfg: 1.0)
-  assert json.loads(cache_file.read_text())["key"]["config"] == {"tile": 1, "depth": 2}
+  assert json.loads(autotune_cache.read_text())["key"]["config"] == {"tile": 1, "depth": 2}
 
 
-def test_a_cache_path_that_cannot_be_read_is_ignored(cache_file):
-  cache_file.mkdir()  # a directory where the file should be
+def test_a_cache_path_that_cannot_be_read_is_ignored(autotune_cache):
+  autotune_cache.mkdir()  # a directory where the file should be
   with pytest.warns(UserWarning, match="unreadable"):
     assert autotune.lookup("key") is None
 
 
-def test_entries_of_the_wrong_form_are_ignored_one_by_one(cache_file):
-  cache_file.write_text(json.dumps({
+def test_entries_of_the_wrong_form_are_ignored_one_by_one(autotune_cache):
+  autotune_cache.write_text(json.dumps({
       "number": 5, "no_config": {"ms": 1.0}, "config_list": {"config": [1, 2]},
       "good": {"config": {"tile": 4, "depth": 3}}}))
   with pytest.warns(UserWarning) as record:
     assert autotune.lookup("good", config_type=Cfg) == Cfg(4, 3)
   messages = " ".join(str(w.message) for w in record)
   for key in ("number", "no_config", "config_list"):
-    assert f"entry '{key}' in {cache_file}" in messages
+    assert f"entry '{key}' in {autotune_cache}" in messages
   for key in ("number", "no_config", "config_list"):
     assert autotune.lookup(key) is None
 
@@ -71,9 +65,9 @@ def test_entries_of_the_wrong_form_are_ignored_one_by_one(cache_file):
     ({"tile": -1, "depth": 2}, "tile must be positive"),
     ({"tile": "wide", "depth": 2}, "not supported between|'<=' not supported"),
 ])
-def test_stale_configs_are_ignored_with_a_warning(cache_file, config, why):
-  cache_file.write_text(json.dumps({"key": {"config": config}}))
-  with pytest.warns(UserWarning, match=f"entry 'key' in {cache_file}: stale or invalid config"):
+def test_stale_configs_are_ignored_with_a_warning(autotune_cache, config, why):
+  autotune_cache.write_text(json.dumps({"key": {"config": config}}))
+  with pytest.warns(UserWarning, match=f"entry 'key' in {autotune_cache}: stale or invalid config"):
     assert autotune.lookup("key", config_type=Cfg) is None
   with pytest.warns(UserWarning, match=why):
     autotune.clear_memory()
@@ -82,8 +76,8 @@ def test_stale_configs_are_ignored_with_a_warning(cache_file, config, why):
   assert autotune.lookup("key") == config
 
 
-def test_each_bad_entry_warns_once(cache_file):
-  cache_file.write_text(json.dumps({"key": {"config": {"tile": 4, "extra": 0}}}))
+def test_each_bad_entry_warns_once(autotune_cache):
+  autotune_cache.write_text(json.dumps({"key": {"config": {"tile": 4, "extra": 0}}}))
   with pytest.warns(UserWarning):
     autotune.lookup("key", config_type=Cfg)
   import warnings
@@ -92,14 +86,14 @@ def test_each_bad_entry_warns_once(cache_file):
     assert autotune.lookup("key", config_type=Cfg) is None
 
 
-def test_a_stale_hopper_entry_does_not_break_the_kernel(cache_file):
+def test_a_stale_hopper_entry_does_not_break_the_kernel(autotune_cache):
   """The public API at a shape whose cached config has a field the current
   HopperConfig lacks: a warning, then the heuristic config."""
   m, n, k = 24, 136, 256
   fields = dataclasses.asdict(hopper_tiling.default_config(m, n, k, out_dtype=BF16))
   with testing.gpu_interpret_mode(detect_races=False):
     key = autotune.make_key("pallas_sm90", m, n, k, out_dtype=BF16)
-  cache_file.write_text(json.dumps({key: {"config": {**fields, "tile_k": 64}}}))
+  autotune_cache.write_text(json.dumps({key: {"config": {**fields, "tile_k": 64}}}))
   ops = testing.random_operands(3, m, n, k)
   with pytest.warns(UserWarning, match="stale or invalid config"):
     with testing.gpu_interpret_mode(detect_races=False, uninitialized_memory="nan"):

@@ -8,7 +8,6 @@ compiled HLO's collectives (none where the rule splits; a gather of what it
 cannot split), and the warning only where the dense op would warn. Backend
 "reference": kernels cannot run under several devices in GPU interpret mode.
 """
-import re
 import warnings
 
 import jax
@@ -18,18 +17,13 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_fp8
+from sharding_util import collectives as _collectives
 from jax_fp8 import testing
 
 CUSTOM_CALL = "CustomSPMDPartitioning"  # custom_partitioning's callback target.
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 FP8 = jnp.float8_e4m3fn
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (virtual) devices")
-
-
-def _collectives(hlo: str) -> dict[str, int]:
-  got = {op: len(re.findall(rf"= \S+ {op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
-  return {op: n for op, n in got.items() if n}
 
 
 def _dot_fp8(per_row=False):

@@ -8,7 +8,6 @@ replicates. Auto axes (jit in/out shardings) and Explicit axes (jax.set_mesh).
 All on backend="reference": kernels cannot run under several devices in GPU
 interpret mode.
 """
-import re
 import warnings
 
 import jax
@@ -18,10 +17,10 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_fp8
+from sharding_util import collectives
 from jax_fp8 import testing
 
 CUSTOM_CALL = "CustomSPMDPartitioning"  # custom_partitioning's callback target.
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 F32, BF16 = jnp.float32, jnp.bfloat16
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (virtual) devices")
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (virtual
 
 def _mesh(axis_type):
   return jax.make_mesh((2, 4), ("x", "y"), axis_types=(axis_type, axis_type))
-
-
-def collectives(hlo: str) -> dict[str, int]:
-  got = {op: len(re.findall(rf"= \S+ {op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
-  return {op: n for op, n in got.items() if n}
 
 
 def _fn(op, out_dtype):

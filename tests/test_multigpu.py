@@ -44,10 +44,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_fp8
 from jax_fp8 import testing
+from sharding_util import COLLECTIVES, collectives
 
 F32, BF16 = jnp.float32, jnp.bfloat16
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all",
-               "collective-permute", "collective-broadcast")
 CPU_DEVICES = 2  # on a machine without 2 GPUs: the CPU devices this file uses
 
 
@@ -100,13 +99,6 @@ else:
 
 
 # ---- checks ---------------------------------------------------------------------------
-
-def collectives(hlo: str) -> dict[str, int]:
-  """Collective ops in compiled HLO text, per kind (async ones counted at their
-  -start). Matches the opcode, whatever the result type (tuples included)."""
-  got = {op: len(re.findall(rf"(?<=\s){op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
-  return {op: n for op, n in got.items() if n}
-
 
 def collective_lines(hlo: str) -> list[str]:
   """The collective instructions, shortened: what moved where (for the log)."""

@@ -11,7 +11,6 @@ compiled HLO's collectives (none where the splits hold whole 128-groups).
 The real kernels are lowered for CUDA (no GPU needed) through the same path,
 and exported; tests/test_multigpu.py runs them on GPUs.
 """
-import re
 import warnings
 
 import jax
@@ -21,17 +20,12 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_fp8
+from sharding_util import collectives
 from jax_fp8 import quantize_sharding, testing
 
 CUSTOM_CALL = "CustomSPMDPartitioning"  # custom_partitioning's callback target.
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (virtual) devices")
-
-
-def collectives(hlo: str) -> dict[str, int]:
-  got = {op: len(re.findall(rf"(?<=\s){op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
-  return {op: n for op, n in got.items() if n}
 
 
 def _mesh(shape, names=("x", "y")):

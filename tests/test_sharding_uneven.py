@@ -4,7 +4,6 @@ devices, Auto and Explicit mesh axes, at tensor-parallel sizes: N = 2816, 768,
 1.5 and 5.5 blocks per shard); K likewise. Each is exact against the float64
 reference and moves no operand bytes (each device aligns its own shard to the
 blocks); the quantisers work on such shards in both axis modes."""
-import re
 import warnings
 
 import jax
@@ -15,27 +14,15 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_fp8
 from jax_fp8 import testing
+from sharding_util import collectives as _collectives, reference_dot as _dot
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (virtual) devices")
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 F32, BF16 = jnp.float32, jnp.bfloat16
 
 
 def _mesh(shape, axis_type):
   names = ("x",) if len(shape) == 1 else ("x", "y")
   return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
-
-
-def _collectives(hlo):
-  return {op: n for op in COLLECTIVES
-          if (n := len(re.findall(rf"= \S+ {op}(?:-start)?\(", hlo)))}
-
-
-def _dot(beta, out_dtype):
-  def f(a, a_scale, b, b_scale, c):
-    return jax_fp8.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
-                                     backend="reference")
-  return f
 
 
 # name, mesh, (m, n, k), specs of (a, a_scale, b, b_scale), output/c spec, with_c,

@@ -117,3 +117,10 @@ def run_main(body, argv) -> int:
 
 def log(line: str):
   print(line, flush=True)
+
+
+def run_workload(workload, opts, env) -> int:
+  """Runs a benchmark's workload (a SIGTERM stops it with what was measured
+  printed and written); returns the process exit status."""
+  runner.install_sigterm()
+  return runner.exit_status(runner.run(workload, opts, env, log=log))
