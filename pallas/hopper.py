@@ -48,6 +48,7 @@ from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumer
 from jax_fp8.pallas.recipe import zero_unless
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
+WIDE_PIECE_N = 64      # columns of a promoted piece of a wide chunk
 i32 = jnp.int32
 
 __all__ = ["HopperConfig", "blockwise_fp8_dot", "masked_dot", "ragged_dot",
@@ -79,6 +80,10 @@ class HopperConfig:
   first WGMMA of the next. scale_product: a warpgroup of one chunk forms
   a_scale * b_scale when the scales load and carries the product; False: it
   carries both and multiplies at promotion, off the step's tail.
+  wide_chunks: a warpgroup's whole column range (up to 256, a multiple of 64) is
+  one WGMMA chunk, promoted in 64-column pieces (each within one 128-row block
+  of b, whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks
+  (B is read from SMEM once for them all), e.g. 128 x 192 tiles split by rows.
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -95,6 +100,7 @@ class HopperConfig:
   split_k: int = 1
   k_step: int = 1
   scale_product: bool = True
+  wide_chunks: bool = False
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -102,8 +108,14 @@ class HopperConfig:
     return self.tile_m, self.tile_n // self.consumers
 
   def chunk(self) -> tuple[int, int]:
+    """(rows, columns) of one WGMMA chunk."""
     _, wn = self.wg_tile()
-    return CHUNK_M, min(wn, SCALE_N)
+    return CHUNK_M, (wn if self.wide_chunks else min(wn, SCALE_N))
+
+  def piece_n(self) -> int:
+    """Columns of one promoted piece of a chunk (one float32 accumulator array):
+    the chunk, or 64 of a wide chunk."""
+    return WIDE_PIECE_N if self.wide_chunks else self.chunk()[1]
 
   def check(self):
     """Raises ValueError naming the field if this tiling cannot be built."""
@@ -120,15 +132,19 @@ class HopperConfig:
                        "consumer warpgroups")
     if wm % CHUNK_M or wm < CHUNK_M:
       raise ValueError(f"each warpgroup's rows ({wm}) must be a multiple of {CHUNK_M}")
-    if wn < 16 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
+    if self.wide_chunks:
+      if wn % WIDE_PIECE_N or wn > 256:
+        raise ValueError(f"wide_chunks: each warpgroup's columns ({wn}) must be a multiple of "
+                         f"{WIDE_PIECE_N} and at most 256 (one WGMMA)")
+    elif wn < 16 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
       raise ValueError(f"each warpgroup's columns ({wn}) must be >= 16 and divide or be a "
                        "multiple of 128")
     if self.tile_m > 256 or self.tile_n > 256:
       raise ValueError("tile_m and tile_n must be <= 256 (TMA box limit)")
-    cn = self.chunk()[1]
-    if cn % self.epi_tile_n or self.epi_tile_n < 16:
-      raise ValueError(f"epi_tile_n={self.epi_tile_n} must be >= 16 and divide the chunk "
-                       f"width {cn}")
+    pn = self.piece_n()
+    if pn % self.epi_tile_n or self.epi_tile_n < 16:
+      raise ValueError(f"epi_tile_n={self.epi_tile_n} must be >= 16 and divide the width of "
+                       f"an accumulator piece, {pn}")
     if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
       raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}, "
                        f"{self.cluster_n}")
@@ -315,9 +331,17 @@ class _Warpgroup:
 
   @property
   def chunks(self):
+    """(row, column) offsets of the warpgroup's WGMMA chunks."""
     wm, wn = self.cfg.wg_tile()
     cm, cn = self.cfg.chunk()
     return [(r, c) for r in range(0, wm, cm) for c in range(0, wn, cn)]
+
+  @property
+  def parts(self):
+    """(row, column) offsets of the accumulator pieces, chunk by chunk: the
+    float32 accumulator is one (64, piece_n) array per part."""
+    cn, pn = self.cfg.chunk()[1], self.cfg.piece_n()
+    return [(r, c + p) for r, c in self.chunks for p in range(0, cn, pn)]
 
   def corner(self):
     """This warpgroup's (row, column) offset inside the CTA tile."""
@@ -333,14 +357,14 @@ class _Warpgroup:
     return jnp.where(col < half, tile.n0 + col, self.prob.glu_rows + tile.n0 + col - half)
 
   def zero_accumulator(self):
-    cm, cn = self.cfg.chunk()
-    zero = plgpu.layout_cast(jnp.zeros((cm, cn), jnp.float32), plgpu.Layout.WGMMA)
-    return tuple(zero for _ in self.chunks)
+    cm, pn = self.cfg.chunk()[0], self.cfg.piece_n()
+    zero = plgpu.layout_cast(jnp.zeros((cm, pn), jnp.float32), plgpu.Layout.WGMMA)
+    return tuple(zero for _ in self.parts)
 
   # -- scales ------------------------------------------------------------------
   def k_block_scales(self, tile, tp, kb):
-    """(row factors of the chunk row offsets, b scales of the chunk column
-    offsets) of K block kb; with one chunk carrying the product: ((product,), ()).
+    """(row factors of the chunk row offsets, b scales of the part column
+    offsets) of K block kb; with one part carrying the product: ((product,), ()).
     A block past the unit's K range (the zeros of a partial last step) and the
     rows outside [tp.row_lo, tp.row_hi) get factor 0 (never inf * 0)."""
     cfg, recipe = self.cfg, self.prob.recipe
@@ -365,11 +389,11 @@ class _Warpgroup:
         s = zero_unless(valid, s)
       rows_scales.append(s)
     col_scales = []
-    for c in sorted({c for _, c in chunks}):
-      b = recipe.load_b(self.bs_gmem, tp.b_group, kb, self.b_row(tile, wc + c), cn,
+    for c in sorted({c for _, c in self.parts}):
+      b = recipe.load_b(self.bs_gmem, tp.b_group, kb, self.b_row(tile, wc + c), cfg.piece_n(),
                         plgpu.Layout.WGMMA.reduce(0))
       col_scales.append(zero_unless(valid, b) if self.partial_last_step else b)
-    if len(chunks) == 1 and cfg.scale_product and not recipe.per_row_b:
+    if len(self.parts) == 1 and cfg.scale_product and not recipe.per_row_b:
       return (recipe.row_factor(rows_scales[0], col_scales[0]),), ()
     return tuple(rows_scales), tuple(col_scales)
 
@@ -380,13 +404,12 @@ class _Warpgroup:
     return self.prob.k_blocks % self.cfg.k_step != 0
 
   def factor(self, scales, r, c, shape):
-    """The factor of chunk (r, c)'s block sum, from k_block_scales."""
+    """The factor of part (r, c)'s block sum, from k_block_scales."""
     rows_scales, col_scales = scales
     if not col_scales:  # the carried product
       return lax.broadcast_in_dim(rows_scales[0], shape, [0])
-    chunks = self.chunks
-    a = rows_scales[sorted({r for r, _ in chunks}).index(r)]
-    b = col_scales[sorted({c for _, c in chunks}).index(c)]
+    a = rows_scales[sorted({r for r, _ in self.chunks}).index(r)]
+    b = col_scales[sorted({c for _, c in self.parts}).index(c)]
     recipe = self.prob.recipe
     return recipe.factor(recipe.row_factor(a, b), b, shape)
 
@@ -414,6 +437,7 @@ class _Warpgroup:
     more live registers than one block's."""
     cfg = self.cfg
     cm, cn = cfg.chunk()
+    pn = cfg.piece_n()
     wr, wc = self.corner()
     k_step = cfg.k_step
     next_kb = tile.k0 + jnp.minimum(ks + 1, k_steps - 1) * k_step
@@ -422,7 +446,7 @@ class _Warpgroup:
       if j > 0:
         next_scales.append(self.k_block_scales(tile, tp, next_kb + j - 1))
       new_acc = []
-      for (r, c), acc_c in zip(self.chunks, acc):
+      for r, c in self.chunks:
         rows, cols, kcols = wr + r, wc + c, pl.ds(j * K_BLOCK, K_BLOCK)
 
         def mma(block_ref, rows=rows, cols=cols, kcols=kcols):
@@ -431,8 +455,12 @@ class _Warpgroup:
           return block_ref[...]
 
         block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
-        # promote: the f32 sum over K blocks runs outside the tensor cores.
-        new_acc.append(acc_c + block * self.factor(scales[j], r, c, block.shape))
+        # promote: the f32 sum over K blocks runs outside the tensor cores, a
+        # part (each within one 128-row block of b) at a time.
+        for p in range(0, cn, pn):
+          part = block if pn == cn else block[:, p:p + pn]
+          acc_p = acc[len(new_acc)]
+          new_acc.append(acc_p + part * self.factor(scales[j], r, c + p, part.shape))
       acc = tuple(new_acc)
     if k_step > 1:
       next_scales.append(self.k_block_scales(tile, tp, next_kb + k_step - 1))
@@ -442,21 +470,21 @@ class _Warpgroup:
 
   # -- the epilogue ----------------------------------------------------------------
   def pieces(self):
-    """The epilogue's pieces, one (64, epi_tile_n) store each: (chunk, column offset)
-    (a GLU's: the gate chunks', each with its up chunk tile_n / 2 columns on)."""
-    cn, epi_n = self.cfg.chunk()[1], self.cfg.epi_tile_n
-    out = [ci for ci, (_, c) in enumerate(self.chunks)
+    """The epilogue's pieces, one (64, epi_tile_n) store each: (part, column offset)
+    (a GLU's: the gate parts', each with its up part tile_n / 2 columns on)."""
+    pn, epi_n = self.cfg.piece_n(), self.cfg.epi_tile_n
+    out = [pi for pi, (_, c) in enumerate(self.parts)
            if not self.prob.glu_rows or c < self.cfg.tile_n // 2]
-    return [(ci, e) for ci in out for e in range(0, cn, epi_n)]
+    return [(pi, e) for pi in out for e in range(0, pn, epi_n)]
 
-  def up_chunk(self, ci):
-    r, c = self.chunks[ci]
-    return self.chunks.index((r, c + self.cfg.tile_n // 2))
+  def up_part(self, pi):
+    r, c = self.parts[pi]
+    return self.parts.index((r, c + self.cfg.tile_n // 2))
 
   def window(self, tile, i):
     """(rows, columns) of piece i of this warpgroup in the tile's output group."""
-    ci, e = self.pieces()[i]
-    r, c = self.chunks[ci]
+    pi, e = self.pieces()[i]
+    r, c = self.parts[pi]
     wr, wc = self.corner()
     return pl.ds(tile.m0 + wr + r, CHUNK_M), pl.ds(tile.n0 + wc + c + e, self.cfg.epi_tile_n)
 
@@ -465,10 +493,10 @@ class _Warpgroup:
     piece; c piece i + 1 loads while piece i is computed."""
     epi_n = self.cfg.epi_tile_n
     pieces = self.pieces()
-    for i, (ci, e) in enumerate(pieces):
-      val = acc[ci][:, e:e + epi_n]
+    for i, (pi, e) in enumerate(pieces):
+      val = acc[pi][:, e:e + epi_n]
       if self.prob.glu_rows:
-        up = acc[self.up_chunk(ci)][:, e:e + epi_n]
+        up = acc[self.up_part(pi)][:, e:e + epi_n]
         val = gate_activation(self.prob.activation, val) * up
       rows, cols = self.window(tile, i)
       if c_ring is not None:
@@ -481,7 +509,7 @@ class _Warpgroup:
         val = zero_unless(row < tile.row_end, val)
       dst = out_gmem
       if self.prob.quantize_out:
-        # FP8 output: a piece is a whole 128-column chunk, one 1x128 group per row.
+        # FP8 output: a piece is a whole 128-column part, one 1x128 group per row.
         dst, s_gmem = out_gmem
         layout = plgpu.Layout.WGMMA
         scale = quant_math.scale(quant_math.row_amax(val), self.prob.power_of_two, layout)
@@ -533,7 +561,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: Hop
                               has_c=c is not None, b_scale_rows=b_scale_rows)
   if reason is not None:
     raise ValueError(reason)
-  if np.dtype(out_dtype) == FP8_OUT and (config.chunk()[1], config.epi_tile_n) != (128, 128):
+  if np.dtype(out_dtype) == FP8_OUT and (config.piece_n(), config.epi_tile_n) != (128, 128):
     raise ValueError("FP8 output needs 128-column warpgroup chunks stored whole "
                      f"(chunk width and epi_tile_n 128), got {config}")
   split_blocks = pl.cdiv(k, K_BLOCK) // config.split_k

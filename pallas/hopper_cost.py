@@ -56,18 +56,22 @@ _DECODE_FIXED_COLUMNS = 32
 _CHAINED_DECODE_FIXED_COLUMNS = 16
 
 # Large-M tiles -> efficiency relative to 128 x 256 at full waves: wider tiles
-# read less A and B per FLOP; 192 x 128 balances the waves where N is narrow.
+# read less A and B per FLOP; 192 x 128 balances the waves where N is narrow, and
+# so does 128 x 192 split by rows (one 64 x 192 WGMMA per warpgroup: WIDE_TILES),
+# which leaves the 128 x 256 tile its ties.
 LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
-                 (192, 128, "m", 3): 0.95, (64, 128, "n", 2): 0.8}
+                 (192, 128, "m", 3): 0.95, (128, 192, "m", 2): 0.98, (64, 128, "n", 2): 0.8}
 # Ragged groups (row masks: a K-pass loop around the K loop) spill where a
 # warpgroup holds two row chunks: tiles of one 64-row chunk row per warpgroup;
 # 128 x 256 split by rows is the fastest of them over long K loops, 192 x 128
 # of three consumers over short ones (up to RAGGED_SHORT_K_BLOCKS).
-RAGGED_TILES = {(128, 256, "m", 2): 1.0, (192, 128, "m", 3): 0.97,
+RAGGED_TILES = {(128, 256, "m", 2): 1.0, (128, 192, "m", 2): 1.05, (192, 128, "m", 3): 0.97,
                 (128, 128, "m", 2): 0.96, (64, 128, "n", 2): 0.8}
 RAGGED_SHORT_K_TILES = {(192, 128, "m", 3): 1.0, (128, 256, "m", 2): 0.95,
                         (128, 128, "m", 2): 0.94, (64, 128, "n", 2): 0.8}
 RAGGED_SHORT_K_BLOCKS = 16
+# Tiles whose warpgroups' columns form one wide WGMMA chunk (HopperConfig.wide_chunks).
+WIDE_TILES = ((128, 192, "m", 2),)
 # Per-row b scales (a column factor per chunk column next to the row factors)
 # spill beyond one 64 x 128 accumulator per warpgroup: 128 x 128 tiles, the
 # warpgroups side by side (two 64 x 64 chunks each) slightly ahead.

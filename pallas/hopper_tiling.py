@@ -49,7 +49,7 @@ _SHORT_K_BLOCKS_WIDE_TILE = 16
 
 def _chunks_per_warpgroup(cfg: HopperConfig) -> int:
   wm, wn = cfg.wg_tile()
-  return (wm // CHUNK_M) * pl.cdiv(wn, SCALE_N)
+  return (wm // CHUNK_M) * pl.cdiv(wn, cfg.chunk()[1])
 
 
 def _grouped_allows(cfg: HopperConfig) -> bool:
@@ -86,7 +86,7 @@ def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> Hopper
   short_k = pl.cdiv(k, K_BLOCK) <= short
   row_bytes = 256 if short_k and c_dtype is None else 128
   widest = row_bytes // np.dtype(out_dtype).itemsize
-  return dataclasses.replace(cfg, epi_tile_n=min(widest, cfg.chunk()[1]))
+  return dataclasses.replace(cfg, epi_tile_n=min(widest, cfg.piece_n()))
 
 
 def _order_and_scales(m: int) -> dict:
@@ -163,7 +163,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
   out, seen = [], set()
   for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
                                                           row_masks=row_masks):
-    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers, **fields)
+    cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
+                       wide_chunks=(tm, tn, split, consumers) in hopper_cost.WIDE_TILES, **fields)
     if grouped and not _grouped_allows(cfg):
       continue
     cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype))
@@ -217,7 +218,7 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
   warpgroup chunks of whole 128-column groups, each stored as one piece, and
   no K split (its partials would leave the epilogue)."""
   cfg = default_config(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
-  if cfg.split_k > 1 or cfg.chunk()[1] != SCALE_N:
+  if cfg.split_k > 1 or cfg.piece_n() != SCALE_N:
     # The decode tile of 128-column warpgroups: 64 x 256 (two side by side),
     # or 128 x 128 (one above the other) where M fills 128 rows.
     shape = (64, 256, "n") if m <= 64 else (128, 128, "m")

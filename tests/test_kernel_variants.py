@@ -105,6 +105,9 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
     ("sm90", H_SPLIT_M, 200, 136, 384, F32),
     ("sm90", H_TWO_CHUNKS, 136, 264, 256, F32),             # two chunks share a column factor
     ("sm90", H_SPLIT_N, 200, 136, 384, F32),                # two 64 x 64 chunks per warpgroup
+    # a 64 x 192 wide chunk per warpgroup, per-row scales in 64-column pieces
+    ("sm90", hopper.HopperConfig(tile_m=128, tile_n=192, wg_split="m", stages=2, num_sms=2,
+                                 wide_chunks=True), 136, 400, 850, F32),
     ("sm100", B_SMALL, 130, 200, 300, F32),
     ("sm100", B_WIDE, 100, 300, 256, BF16),
 ])

@@ -103,6 +103,17 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     # step's second block lies past K; two chunks per warpgroup (scales per row/column)
     (136, 264, 850, dataclasses.replace(DEFAULT_LARGE, stages=2, k_step=2), True, F32, 0.5,
      jnp.float32),
+    # wide chunks: 128 x 192 tiles split by rows (one 64 x 192 WGMMA per warpgroup,
+    # promoted in 64-column pieces; the second column tile starts mid-way through a
+    # 128-row block of b), N and K partial, c; then two-block steps past K
+    (136, 400, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=2,
+                                        wide_chunks=True), True, F32, 0.5, jnp.float32),
+    (70, 330, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=2,
+                                       k_step=2, wide_chunks=True, epi_tile_n=32), True, BF16,
+     -1.0, jnp.bfloat16),
+    # a 64 x 128 wide chunk per warpgroup of 64 x 256 tiles split by columns
+    (70, 300, 300, dataclasses.replace(DEFAULT_LARGE, tile_m=64, stages=2, wide_chunks=True),
+     False, BF16, 1.0, None),
     # chained: 4 K blocks = 2 steps on a 2-deep ring, 8 tiles on 2 CTAs
     (200, 150, 512, dataclasses.replace(CHAIN, k_step=2), False, BF16, 1.0, None),
     # with split-K: each split's 4 blocks in 2 steps (the last block partial); c in

@@ -94,7 +94,7 @@ def spec(cfg) -> str:
       s += f" {short}{getattr(cfg, field)}"
   if cfg.producer_registers != 40:
     s += f" p{cfg.producer_registers}"
-  return s + ("" if cfg.scale_product else " sep")
+  return s + ("" if cfg.scale_product else " sep") + (" wide" if cfg.wide_chunks else "")
 
 
 def load_revision(rev: str):
