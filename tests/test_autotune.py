@@ -81,6 +81,23 @@ def test_check_rejects_wrong_output():
     autotune.kernel_time_ms(lambda v: 3 * v, [x], iters=2, check=check)
 
 
+def test_timed_calls_rotate_through_operand_copies_past_the_l2():
+  """On a GPU every timed call reads the next copy of the operands (fresh
+  buffers covering ROTATE_BYTES), so that none finds them in the L2."""
+  x = jnp.arange(1 << 20, dtype=jnp.float32)  # 4 MiB
+  sets = autotune.operand_sets([x, None], rotate_bytes=10 << 20)
+  assert len(sets) == 3 and all(len(s) == 2 and s[1] is None for s in sets)
+  assert len({s[0].unsafe_buffer_pointer() for s in sets}) == 3  # new buffers
+  assert all(np.array_equal(s[0], x) for s in sets)
+  assert len(autotune.operand_sets([x], rotate_bytes=1 << 40)) == autotune.MAX_OPERAND_SETS
+  seen = []
+  rotating = autotune._Rotating(lambda v, _: seen.append(v) or v, sets)
+  assert isinstance(rotating, jax.stages.Wrapped)  # profiler.measure calls it as it is
+  for _ in range(4):
+    rotating()
+  assert [v is s[0] for v, s in zip(seen, sets + sets[:1])] == [True] * 4
+
+
 def test_hopper_candidates_are_buildable():
   for m, n, k in [(64, 2112, 7168), (4096, 7168, 2048), (200, 7000, 1000)]:
     for out_dtype in (jnp.bfloat16, jnp.float32):
