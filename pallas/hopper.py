@@ -368,7 +368,7 @@ class _Warpgroup:
     A block past the unit's K range (the zeros of a partial last step) and the
     rows outside [tp.row_lo, tp.row_hi) get factor 0 (never inf * 0)."""
     cfg, recipe = self.cfg, self.prob.recipe
-    cm, cn = cfg.chunk()
+    cm = cfg.chunk()[0]
     wr, wc = self.corner()
     chunks = self.chunks
     valid = kb < tile.k0 + self.prob.k_blocks
