@@ -378,3 +378,15 @@ def test_cost_model_chain_rule():
   wide = hopper_tiling.default_config(4096, 24576, 1536)
   assert hopper_tiling.chains_tiles(wide, 4096, 24576, 1536)
   assert hopper_tiling.chains_tiles(THREE_WG, 400, 260, 512)      # 3 x 3 tiles of 192 x 128, 2 CTAs
+
+
+def test_ragged_warpgroups_hold_one_chunk():
+  """Ragged groups run a K-pass loop around the K loop: tilings whose warpgroups
+  hold two chunks (two chunk rows, or 128 x 256 split by rows: two 128-column
+  chunks) measured 3-4x slower at some sizes, so no ragged candidate has them."""
+  for m, n, k in itertools.product((256, 4096, 8192, 32768), (576, 2112, 4096, 7168),
+                                   (512, 2048, 7168)):
+    for cfg in hopper_tiling.candidate_configs(m, n, k, grouped=True, row_masks=True):
+      wm, wn = cfg.wg_tile()
+      chunks = (wm // 64) * (wn // cfg.chunk()[1])
+      assert chunks == 1, (m, n, k, cfg)
