@@ -18,8 +18,9 @@ Timing: on a GPU, kernel time through CUPTI
 (`jax.experimental.mosaic.gpu.profiler.measure`), warm, median of `iters`
 calls, each (the warm-up included) reading the next of several copies of the
 operands, so that none finds its operands in the L2 (a bandwidth-bound decode
-shape measured 30% fast with one set); elsewhere (GPU interpret mode on the CPU, how CI exercises this) the
-wall clock, which only proves that the machinery works.
+shape measured 30% fast with one set); elsewhere (GPU interpret mode on the
+CPU, how CI exercises this) the wall clock, which only proves that the
+machinery works.
 """
 from __future__ import annotations
 

@@ -218,6 +218,9 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
   warpgroup chunks of whole 128-column groups, each stored as one piece, and
   no K split (its partials would leave the epilogue)."""
   cfg = default_config(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
+  if cfg.wide_chunks:  # its parts are 64 columns: the next candidate with 128-column ones
+    cands = candidate_configs(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
+    cfg = next((c for c in cands if not c.wide_chunks and c.piece_n() == SCALE_N), cfg)
   if cfg.split_k > 1 or cfg.piece_n() != SCALE_N:
     # The decode tile of 128-column warpgroups: 64 x 256 (two side by side),
     # or 128 x 128 (one above the other) where M fills 128 rows.

@@ -293,6 +293,11 @@ def test_default_config_rules():
   narrow = hopper_tiling.default_config(4096, 2112, 7168)
   assert (narrow.tile_m, narrow.tile_n, narrow.consumers) == (128, 192, 2)
   assert narrow.wide_chunks and narrow.producer_registers == 40 and narrow.chunk() == (64, 192)
+  # ... whose 64-column parts an FP8 output (one 1x128 group a piece) cannot take:
+  # there the next candidate, 192 x 128 of three consumers, not the decode fallback.
+  fp8_narrow = hopper_tiling.fp8_output_config(4096, 2112, 7168)
+  assert (fp8_narrow.tile_m, fp8_narrow.tile_n, fp8_narrow.consumers) == (192, 128, 3)
+  assert fp8_narrow.piece_n() == fp8_narrow.epi_tile_n == 128
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
   short = hopper_tiling.default_config(4096, 32768, 512)
   assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
