@@ -72,12 +72,29 @@ CASES = [
 ]
 
 
+def _case_args(name, shape, in_specs, seed):
+  """A case's operands (its name says whether it has c and per-row b scales)."""
+  m, n, k, batch = shape
+  ops = testing.random_operands(seed, m, n, k, batch=batch, with_c="_c_" in name,
+                                b_scale_block=(1, 128) if "per_row" in name else (128, 128))
+  return ops.args()[:len(in_specs)]
+
+
+def _check_run(caught, warns, got, want, compiled, expect):
+  """The replication warning iff expected, the result bitwise the unsharded one,
+  and (where the case says) exactly the expected collectives."""
+  messages = [str(w.message) for w in caught if "replicating instead of sharding" in str(w.message)]
+  assert bool(messages) == warns, messages
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+  if expect is not None:
+    assert _collectives(compiled.as_text()) == expect, _collectives(compiled.as_text())
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_auto_axes(case):
-  name, fn, (m, n, k, batch), in_specs, out_spec, expect, warns = case
-  ops = testing.random_operands(sum(map(ord, name)), m, n, k, batch=batch, with_c="_c_" in name,
-                                b_scale_block=(1, 128) if "per_row" in name else (128, 128))
-  args = ops.args()[:len(in_specs)]
+  name, fn, shape, in_specs, out_spec, expect, warns = case
+  args = _case_args(name, shape, in_specs, seed=sum(map(ord, name)))
   want = jax.jit(fn)(*args)
   mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
   shard = lambda spec: NamedSharding(mesh, spec)
@@ -90,12 +107,8 @@ def test_auto_axes(case):
   # The op goes through its own partitioner (on the CPU the reference's jnp
   # would partition without one, so the collective counts alone prove nothing).
   assert CUSTOM_CALL in lowered.as_text()
-  messages = [str(w.message) for w in caught if "replicating instead of sharding" in str(w.message)]
-  assert bool(messages) == warns, messages
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+  _check_run(caught, warns, got, want, compiled, expect)
   if expect is not None:
-    assert _collectives(compiled.as_text()) == expect, _collectives(compiled.as_text())
     first = jax.tree.leaves(got)[0]
     assert first.sharding.is_equivalent_to(shard(out_spec), first.ndim), first.sharding
 
@@ -115,11 +128,8 @@ EXPLICIT = [c for c in CASES if c[0] != "dot_fp8_axis_twice"] + [
 
 @pytest.mark.parametrize("case", EXPLICIT, ids=[c[0] for c in EXPLICIT])
 def test_explicit_axes(case):
-  name, fn, (m, n, k, batch), in_specs, out_spec, expect, warns = case
-  ops = testing.random_operands(sum(map(ord, name)) + 1, m, n, k, batch=batch,
-                                with_c="_c_" in name,
-                                b_scale_block=(1, 128) if "per_row" in name else (128, 128))
-  args = ops.args()[:len(in_specs)]
+  name, fn, shape, in_specs, out_spec, expect, warns = case
+  args = _case_args(name, shape, in_specs, seed=sum(map(ord, name)) + 1)
   want = jax.jit(fn)(*args)
   f = jax.jit(fn)
   with jax.set_mesh(jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)):
@@ -134,12 +144,7 @@ def test_explicit_axes(case):
       warnings.simplefilter("always")
       compiled = lowered.compile()
     got = compiled(*args)
-  messages = [str(w.message) for w in caught if "replicating instead of sharding" in str(w.message)]
-  assert bool(messages) == warns, messages
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
-  if expect is not None:
-    assert _collectives(compiled.as_text()) == expect, _collectives(compiled.as_text())
+  _check_run(caught, warns, got, want, compiled, expect)
 
 
 @pytest.mark.parametrize("fn, specs, message", [
