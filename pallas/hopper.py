@@ -78,8 +78,9 @@ class HopperConfig:
   K blocks per pipeline step (one slot holds k_step blocks of A and B): fewer
   barrier waits between a warpgroup's last promotion of one step and its
   first WGMMA of the next. scale_product: a warpgroup of one chunk forms
-  a_scale * b_scale when the scales load and carries the product; False: it
-  carries both and multiplies at promotion, off the step's tail.
+  a_scale * b_scale when the scales load and carries the product, and a step
+  loads the next one's scales after its promotion; False: it carries both and
+  multiplies at promotion, off the step's tail, and loads them at its top.
   wide_chunks: a warpgroup's whole column range (up to 256, a multiple of 64) is
   one WGMMA chunk, promoted in 64-column pieces (each within one 128-row block
   of b, whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks
@@ -441,7 +442,12 @@ class _Warpgroup:
     wr, wc = self.corner()
     k_step = cfg.k_step
     next_kb = tile.k0 + jnp.minimum(ks + 1, k_steps - 1) * k_step
-    next_scales = [self.k_block_scales(tile, tp, next_kb)] if k_step == 1 else []
+    # Decode (scale_product False) issues a one-block step's loads at its top, the
+    # longest lead; elsewhere they follow the promotion, when the scales it used
+    # are dead and the loads land in the loop-carried registers (issued before,
+    # a register copy of theirs waited for them ahead of the WGMMA wait).
+    early = k_step == 1 and not cfg.scale_product
+    next_scales = [self.k_block_scales(tile, tp, next_kb)] if early else []
     for j in range(k_step):
       if j > 0:
         next_scales.append(self.k_block_scales(tile, tp, next_kb + j - 1))
@@ -462,7 +468,7 @@ class _Warpgroup:
           acc_p = acc[len(new_acc)]
           new_acc.append(acc_p + part * self.factor(scales[j], r, c + p, part.shape))
       acc = tuple(new_acc)
-    if k_step > 1:
+    if not early:
       next_scales.append(self.k_block_scales(tile, tp, next_kb + k_step - 1))
     # Only WGMMA (the async proxy) read this slot: releasing it to the
     # producer's TMA needs no proxy fence.
