@@ -432,20 +432,17 @@ class _Warpgroup:
   def consumer_k_step(self, a_slot, b_slot, tile, tp, ks, acc, scales, k_steps):
     """WGMMA and promotion of step ks's K blocks; returns (acc, next step's scales).
 
-    The scales of the next step are issued now and used then, so their loads
-    overlap this step's WGMMAs. With several blocks per step, block j's are
-    issued after block j - 1's promotion (its scales are dead by then): no
-    more live registers than one block's."""
+    The next step's scales load now and are used then. Block j's loads follow
+    block j - 1's promotion, whose scales are then dead: they land in the
+    loop-carried registers (loaded before, a copy into those waited for them
+    ahead of the WGMMA wait). Decode (scale_product False) loads a one-block
+    step's at its top instead, the longest lead."""
     cfg = self.cfg
     cm, cn = cfg.chunk()
     pn = cfg.piece_n()
     wr, wc = self.corner()
     k_step = cfg.k_step
     next_kb = tile.k0 + jnp.minimum(ks + 1, k_steps - 1) * k_step
-    # Decode (scale_product False) issues a one-block step's loads at its top, the
-    # longest lead; elsewhere they follow the promotion, when the scales it used
-    # are dead and the loads land in the loop-carried registers (issued before,
-    # a register copy of theirs waited for them ahead of the WGMMA wait).
     early = k_step == 1 and not cfg.scale_product
     next_scales = [self.k_block_scales(tile, tp, next_kb)] if early else []
     for j in range(k_step):
