@@ -77,10 +77,11 @@ class HopperConfig:
   partial output; a fused XLA reduction sums them (and adds beta * c). k_step:
   K blocks per pipeline step (one slot holds k_step blocks of A and B): fewer
   barrier waits between a warpgroup's last promotion of one step and its
-  first WGMMA of the next. scale_product: a warpgroup of one chunk forms
-  a_scale * b_scale when the scales load and carries the product, and a step
-  loads the next one's scales after its promotion; False: it carries both and
-  multiplies at promotion, off the step's tail, and loads them at its top.
+  first WGMMA of the next. scale_product: a warpgroup of one accumulator part
+  forms a_scale * b_scale when the scales load and carries the product, and
+  every warpgroup loads the next step's scales after its promotion; False
+  (decode): a one-part warpgroup carries both and multiplies at promotion, off
+  the step's tail, and one-block steps load the next step's scales at their top.
   wide_chunks: a warpgroup's whole column range (up to 256, a multiple of 64) is
   one WGMMA chunk, promoted in 64-column pieces (each within one 128-row block
   of b, whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks
