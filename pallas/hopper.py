@@ -423,11 +423,13 @@ class _Warpgroup:
   def run_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """One K pass over the tile: k_steps pipeline steps from step0."""
     def body(ks, carry):
-      acc, scales = carry
-      with inputs.consume(step0 + ks) as st:
-        return self.consumer_k_step(a_smem.at[st.index], b_smem.at[st.index], tile, tp, ks,
-                                    acc, scales, k_steps)
-    acc, _ = lax.fori_loop(i32(0), i32(k_steps), body, (acc, self.step_scales(tile, tp, i32(0))))
+      acc, scales, slot = carry
+      with inputs.consume_slot(slot):
+        acc, scales = self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks,
+                                           acc, scales, k_steps)
+      return acc, scales, inputs.next_index(slot)
+    carry = (acc, self.step_scales(tile, tp, i32(0)), inputs.stage(step0).index)
+    acc, _, _ = lax.fori_loop(i32(0), i32(k_steps), body, carry)
     return acc
 
   def consumer_k_step(self, a_slot, b_slot, tile, tp, ks, acc, scales, k_steps):

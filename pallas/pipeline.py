@@ -6,8 +6,9 @@ The vocabulary follows the design seeds (Modular's SM100 blockwise-FP8 matmul):
   one "full" barrier (producer -> consumer: data ready) and one "empty" barrier
   (consumer -> producer: stage free) per stage. The producer works inside
   `with pipe.producer(total_steps) as produce:` and `with produce(step) as st:`
-  per stage; consumers use `with pipe.consume(step) as st:`. Stage index and
-  phase advance together with `step`.
+  per stage; consumers use `with pipe.consume(step) as st:` (or, in a loop
+  over consecutive steps, `pipe.consume_slot(index)` with the slot index
+  carried by `next_index`). Stage index and phase advance together with `step`.
 - `EpiLoadPipeline`: the epilogue-load warp's ring for the residual C tile.
 - `MmaContext`: the MMA warp's view of the TMEM accumulator stages (Blackwell).
 - `EpilogueKContext`: the epilogue's per-K-block view (Blackwell): waits for the
@@ -155,6 +156,23 @@ class ProducerConsumerPipeline:
     yield st
     if release:
       self.release(st)
+
+  # A loop over consecutive steps can carry the slot index instead of its step:
+  # the index then costs a compare and a select per step instead of a division
+  # by num_stages (a waiting thread's barrier parity is kept by Mosaic itself).
+  @contextlib.contextmanager
+  def consume_slot(self, index):
+    """consume() of the step whose slot is `index` (from stage(step).index or
+    next_index)."""
+    st = Stage(step=None, index=index, phase=None)
+    self.wait_producer(st)
+    yield st
+    self.release(st)
+
+  def next_index(self, index):
+    """The slot index of the step after the one in slot `index`."""
+    nxt = index + 1
+    return jnp.where(nxt == self.num_stages, jnp.int32(0), nxt)
 
 
 class EpiLoadPipeline(ProducerConsumerPipeline):
