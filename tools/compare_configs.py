@@ -1,0 +1,92 @@
+"""Times the Hopper kernel's default config of a shape against variants of it, in one
+process, alternated round by round (kernel time through CUPTI, operands rotated past the
+L2, every variant's output checked once against the contract). On the GPU machine.
+
+    python3 tools/compare_configs.py --shapes=4096x2112x7168,4096x7168x2048 \\
+        --variants="cluster_m=2; stages=4; tile_n=256,wg_split=n,wide_chunks=False"
+
+A variant is a comma list of HopperConfig fields replaced in the shape's default
+(pallas/hopper_tiling.default_config); variants are separated by ';'. A variant the config
+check refuses is reported and skipped. Prints TFLOP/s (median over --rounds of the median
+of --iters calls) and each variant's ratio to the default (> 1: faster).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import os
+import statistics
+import sys
+
+
+def parse_variant(text: str) -> dict:
+  """'cluster_m=2,wg_split=n,wide_chunks=False' -> {'cluster_m': 2, 'wg_split': 'n', ...}."""
+  fields = {}
+  for item in filter(None, (s.strip() for s in text.split(","))):
+    name, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"variant item {item!r} is not field=value")
+    value = value.strip()
+    if value in ("True", "False"):
+      fields[name.strip()] = value == "True"
+    elif value.lstrip("-").isdigit():
+      fields[name.strip()] = int(value)
+    elif value == "None":
+      fields[name.strip()] = None
+    else:
+      fields[name.strip()] = value
+  return fields
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shapes", required=True, help="comma list of MxNxK")
+  p.add_argument("--variants", required=True, help="';'-separated variants (see above)")
+  p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--iters", type=int, default=20)
+  args = p.parse_args(argv)
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+  import jax.numpy as jnp
+  from jax_fp8.pallas import autotune, hopper, hopper_tiling
+
+  variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
+  for shape in args.shapes.split(","):
+    m, n, k = (int(x) for x in shape.lower().split("x"))
+    base = hopper_tiling.default_config(m, n, k, out_dtype=jnp.bfloat16)
+    configs = {"default": base}
+    for fields in variants:
+      name = ",".join(f"{key}={value}" for key, value in fields.items())
+      try:
+        cfg = dataclasses.replace(base, **fields)
+        cfg.check()
+      except (TypeError, ValueError) as e:
+        print(f"{shape} {name}: refused: {e}")
+        continue
+      configs[name] = cfg
+    operands = autotune.random_operands(0, m, n, k)
+    check = autotune.output_check(operands, beta=1.0, tol=4e-3)
+    times = {name: [] for name in configs}
+    for rnd in range(args.rounds):
+      for name, cfg in configs.items():
+        fn = functools.partial(hopper.blockwise_fp8_dot, beta=1.0, out_dtype=jnp.bfloat16,
+                               config=cfg)
+        try:
+          times[name].append(autotune.kernel_time_ms(fn, operands, iters=args.iters,
+                                                     check=check if rnd == 0 else None))
+        except Exception as e:  # a variant that fails to build or to check: reported, skipped
+          print(f"{shape} {name}: failed: {str(e)[:300]}")
+          times[name].append(math.nan)
+    flop = 2 * m * n * k
+    base_ms = statistics.median(times["default"])
+    print(f"{shape}: default {base}")
+    for name, ts in times.items():
+      ms = statistics.median(ts)
+      print(f"  {name:40s} {flop / ms / 1e9:8.1f} TFLOP/s  x{base_ms / ms:.3f}  "
+            f"(rounds: {' '.join(f'{t:.4f}' for t in ts)} ms)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Per-SASS-instruction profile of the Hopper kernel under Nsight Compute, on the GPU machine.
+#
+#   bash tools/ncu_sass.sh 4096x2112x7168 [MxNxK ...]     (from the repository root)
+#
+# For each shape: runs the pallas_sm90 backend of blockwise_fp8_dot four times
+# (tools/one_call.py) and profiles the last launch (`ncu --set full --import-source yes
+# --clock-control none`), then writes to $OUT (default ./.out):
+#   sass_<shape>.csv.gz    one row per SASS instruction: its text, executions, stall samples
+#   details_<shape>.csv    the report's metrics (cycles, instructions, throughputs, ...)
+# Summarise them with `python3 tools/sass_summary.py $OUT/sass_<shape>.csv.gz
+# --details=$OUT/details_<shape>.csv` (any machine). About 15 s per shape on the H100.
+# Knobs: NCU_ARGS (extra ncu flags, e.g. "--launch-skip 5"), ONE_CALL_ARGS (e.g. "--out_dtype=float32").
+set -u -o pipefail
+OUT="${OUT:-$PWD/.out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PATH="$PATH:/usr/local/cuda/bin"
+[ $# -ge 1 ] || { echo "usage: bash tools/ncu_sass.sh MxNxK [MxNxK ...]" >&2; exit 2; }
+status=0
+for shape in "$@"; do
+  rep="$OUT/profile_$shape"
+  # The kernel's calls are the only launches whose name has "mosaic_gpu"; skip three of four.
+  if ncu --launch-skip 3 --launch-count 1 -k regex:mosaic_gpu --clock-control none --set full \
+         --import-source yes ${NCU_ARGS:-} -f -o "$rep" \
+         python3 tools/one_call.py "$shape" ${ONE_CALL_ARGS:-} > "$OUT/ncu_$shape.log" 2>&1; then
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/sass_$shape.csv.gz"
+    ncu --import "$rep.ncu-rep" --page details --csv > "$OUT/details_$shape.csv"
+    echo "ncu_sass: $shape -> $OUT/sass_$shape.csv.gz, $OUT/details_$shape.csv"
+  else
+    echo "ncu_sass: $shape failed (see $OUT/ncu_$shape.log):" >&2; tail -5 "$OUT/ncu_$shape.log" >&2
+    status=1
+  fi
+  rm -f "$rep.ncu-rep"   # large; the two exports keep what the summary reads
+done
+exit $status

@@ -1,0 +1,136 @@
+"""Summarises a per-SASS Nsight Compute export (tools/ncu_sass.sh): where a kernel's
+instructions and stall samples go. Runs anywhere (no GPU).
+
+    python3 tools/sass_summary.py .out/sass_4096x2112x7168.csv.gz \\
+        [--details=.out/details_4096x2112x7168.csv] [--top=15] [--loop]
+
+Prints the report's headline metrics (with --details), the opcode mix (share of executed
+instructions and of stall samples), the lines with the most stall samples, and the hot
+loop: the instructions executed as often as most of the kernel's tensor-core MMAs (one K
+step of one warp), with --loop each of them, else only how many there are.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import dataclasses
+import gzip
+import io
+import re
+import sys
+
+EXECUTED = "Instructions Executed"
+SAMPLES = "Warp Stall Sampling (All Samples)"
+MMA_OPCODES = ("QGMMA", "HGMMA", "IGMMA", "BGMMA", "UTCQMMA", "UTCHMMA", "UTCMMA", "UTCOMMA")
+HEADLINE = ("Duration", "Elapsed Cycles", "SM Active Cycles", "Executed Instructions",
+            "Registers Per Thread", "Local Memory Spilling Requests", "Issue Slots Busy",
+            "L1/TEX Hit Rate", "L2 Hit Rate", "DRAM Throughput")
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+  index: int
+  text: str
+  executed: int
+  samples: int
+
+  @property
+  def opcode(self) -> str:
+    """The mnemonic without predicate and modifiers (`@!P1 BRA ...` -> BRA)."""
+    words = re.sub(r"^@!?U?P\w+\s+", "", self.text).split()
+    return words[0].split(".")[0] if words else "?"
+
+
+def _open(path: str):
+  return io.TextIOWrapper(gzip.open(path), encoding="utf-8") if path.endswith(".gz") \
+      else open(path, encoding="utf-8")
+
+
+def _int(text: str) -> int:
+  text = text.replace(",", "").strip()
+  return int(float(text)) if text else 0
+
+
+def read_sass(path: str) -> list[Line]:
+  """The rows of `ncu --page source --csv --print-source sass` (header found by name)."""
+  with _open(path) as f:
+    rows = list(csv.reader(f))
+  for h, row in enumerate(rows):
+    if "Source" in row and EXECUTED in row:
+      src, ex = row.index("Source"), row.index(EXECUTED)
+      sm = row.index(SAMPLES) if SAMPLES in row else None
+      break
+  else:
+    raise ValueError(f"{path}: no header row with 'Source' and '{EXECUTED}'")
+  return [Line(i, r[src].strip(), _int(r[ex]), _int(r[sm]) if sm is not None else 0)
+          for i, r in enumerate(rows[h + 1:]) if len(r) > max(src, ex)]
+
+
+def read_details(path: str) -> dict[str, str]:
+  """Metric name -> 'value unit' of `ncu --page details --csv` (first occurrence)."""
+  with open(path, encoding="utf-8") as f:
+    rows = list(csv.DictReader(f))
+  out = {}
+  for r in rows:
+    name = r.get("Metric Name")
+    if name and name not in out:
+      out[name] = f"{r.get('Metric Value', '')} {r.get('Metric Unit', '')}".strip()
+  return out
+
+
+def opcode_mix(lines: list[Line]) -> list[tuple[str, int, float, float]]:
+  """(opcode, executions, share of executions, share of stall samples), most executed first."""
+  ex, st = collections.Counter(), collections.Counter()
+  for ln in lines:
+    ex[ln.opcode] += ln.executed
+    st[ln.opcode] += ln.samples
+  total_ex, total_st = sum(ex.values()) or 1, sum(st.values()) or 1
+  return [(op, n, n / total_ex, st[op] / total_st) for op, n in ex.most_common()]
+
+
+def loop_count(lines: list[Line]) -> int | None:
+  """The execution count most of the tensor-core MMA instructions share (a warp's K steps)."""
+  counts = collections.Counter(ln.executed for ln in lines
+                               if ln.opcode in MMA_OPCODES and ln.executed)
+  return counts.most_common(1)[0][0] if counts else None
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("sass", help="sass_<shape>.csv(.gz) from tools/ncu_sass.sh")
+  p.add_argument("--details", help="details_<shape>.csv from tools/ncu_sass.sh")
+  p.add_argument("--top", type=int, default=15)
+  p.add_argument("--loop", action="store_true", help="list the hot loop's instructions")
+  args = p.parse_args(argv)
+  lines = read_sass(args.sass)
+  if args.details:
+    details = read_details(args.details)
+    print("  ".join(f"{k}: {details[k]}" for k in HEADLINE if k in details))
+  total_ex = sum(ln.executed for ln in lines)
+  total_st = sum(ln.samples for ln in lines) or 1
+  print(f"{len(lines)} SASS lines, {total_ex:,} instructions executed, {total_st:,} stall samples")
+  print("\nopcode        executed   share  stall share")
+  for op, n, share, stall in opcode_mix(lines)[:args.top]:
+    print(f"{op:12s} {n:10,d}  {100 * share:5.1f}%  {100 * stall:5.1f}%")
+  print(f"\nmost stall samples (line, executions, samples, share, instruction):")
+  for ln in sorted(lines, key=lambda ln: -ln.samples)[:args.top]:
+    print(f"{ln.index:5d} {ln.executed:10,d} {ln.samples:6d} {100 * ln.samples / total_st:5.1f}%  "
+          f"{ln.text}")
+  count = loop_count(lines)
+  if count is not None:
+    hot = [ln for ln in lines if ln.executed == count]
+    mma = sum(ln.opcode in MMA_OPCODES for ln in hot)
+    ffma = sum(ln.opcode == "FFMA" for ln in hot)
+    print(f"\nhot loop (executed {count:,} times): {len(hot)} instructions, {mma} MMA, "
+          f"{ffma} FFMA, {len(hot) - mma - ffma} other; "
+          f"{100 * sum(ln.samples for ln in hot) / total_st:.1f}% of stall samples")
+    if args.loop:
+      for ln in hot:
+        if ln.opcode != "FFMA":
+          print(f"{ln.index:5d} {ln.samples:6d}  {ln.text}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
