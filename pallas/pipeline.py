@@ -147,27 +147,25 @@ class ProducerConsumerPipeline:
   def release(self, st: Stage):
     plgpu.barrier_arrive(self.empty.at[st.index])
 
-  @contextlib.contextmanager
   def consume(self, step, *, release: bool = True):
     """Enter: wait until the slot is full. Exit: release it (unless release=False,
     when the caller releases it another way, e.g. through tcgen05_mma's barrier)."""
-    st = self.stage(step)
-    self.wait_producer(st)
-    yield st
-    if release:
-      self.release(st)
+    return self._consume(self.stage(step), release)
 
   # A loop over consecutive steps can carry the slot index instead of its step:
   # the index then costs a compare and a select per step instead of a division
   # by num_stages (a waiting thread's barrier parity is kept by Mosaic itself).
-  @contextlib.contextmanager
   def consume_slot(self, index):
     """consume() of the step whose slot is `index` (from stage(step).index or
     next_index)."""
-    st = Stage(step=None, index=index, phase=None)
+    return self._consume(Stage(step=None, index=index, phase=None), True)
+
+  @contextlib.contextmanager
+  def _consume(self, st: Stage, release: bool):
     self.wait_producer(st)
     yield st
-    self.release(st)
+    if release:
+      self.release(st)
 
   def next_index(self, index):
     """The slot index of the step after the one in slot `index`."""

@@ -1,6 +1,6 @@
 """Times the Hopper kernel's default config of a shape against variants of it, in one
-process, alternated round by round (kernel time through CUPTI, operands rotated past the
-L2, every variant's output checked once against the contract). On the GPU machine.
+process, alternated round by round (tiling_picks.time_pair: kernel time through CUPTI,
+operands rotated past the L2, every output checked against the contract). On the GPU machine.
 
     python3 tools/compare_configs.py --shapes=4096x2112x7168,4096x7168x2048 \\
         --variants="cluster_m=2; stages=4; tile_n=256,wg_split=n,wide_chunks=False"
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import math
 import os
 import statistics
 import sys
@@ -48,8 +46,10 @@ def main(argv=None) -> int:
   p.add_argument("--iters", type=int, default=20)
   args = p.parse_args(argv)
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+  sys.path.insert(0, os.path.dirname(__file__))
   import jax.numpy as jnp
-  from jax_fp8.pallas import autotune, hopper, hopper_tiling
+  from jax_fp8.pallas import hopper_tiling
+  from tiling_picks import time_pair
 
   variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
   for shape in args.shapes.split(","):
@@ -65,23 +65,12 @@ def main(argv=None) -> int:
         print(f"{shape} {name}: refused: {e}")
         continue
       configs[name] = cfg
-    operands = autotune.random_operands(0, m, n, k)
-    check = autotune.output_check(operands, beta=1.0, tol=4e-3)
-    times = {name: [] for name in configs}
-    for rnd in range(args.rounds):
-      for name, cfg in configs.items():
-        fn = functools.partial(hopper.blockwise_fp8_dot, beta=1.0, out_dtype=jnp.bfloat16,
-                               config=cfg)
-        try:
-          times[name].append(autotune.kernel_time_ms(fn, operands, iters=args.iters,
-                                                     check=check if rnd == 0 else None))
-        except Exception as e:  # a variant that fails to build or to check: reported, skipped
-          print(f"{shape} {name}: failed: {str(e)[:300]}")
-          times[name].append(math.nan)
+    times = time_pair(m, n, k, {"out_dtype": jnp.dtype(jnp.bfloat16)}, list(configs.values()),
+                      rounds=args.rounds, iters=args.iters)
     flop = 2 * m * n * k
-    base_ms = statistics.median(times["default"])
+    base_ms = statistics.median(times[0])
     print(f"{shape}: default {base}")
-    for name, ts in times.items():
+    for name, ts in zip(configs, times):
       ms = statistics.median(ts)
       print(f"  {name:40s} {flop / ms / 1e9:8.1f} TFLOP/s  x{base_ms / ms:.3f}  "
             f"(rounds: {' '.join(f'{t:.4f}' for t in ts)} ms)")

@@ -16,7 +16,6 @@ import collections
 import csv
 import dataclasses
 import gzip
-import io
 import re
 import sys
 
@@ -43,8 +42,7 @@ class Line:
 
 
 def _open(path: str):
-  return io.TextIOWrapper(gzip.open(path), encoding="utf-8") if path.endswith(".gz") \
-      else open(path, encoding="utf-8")
+  return (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8")
 
 
 def _int(text: str) -> int:

@@ -115,9 +115,10 @@ def load_revision(rev: str):
   return module
 
 
-def time_pair(m, n, k, kw, configs, rounds=2):
+def time_pair(m, n, k, kw, configs, rounds=2, iters=20):
   """Kernel times (ms) of the configs at one dense shape, alternated over rounds
-  so the noise shows; each output checked against the float32 contract first."""
+  so the noise shows; each output checked against the float32 contract first
+  (also tools/compare_configs.py's timer)."""
   import functools
   from jax_fp8.pallas import autotune
   out_dtype, c_dtype = kw["out_dtype"], kw.get("c_dtype")
@@ -126,7 +127,7 @@ def time_pair(m, n, k, kw, configs, rounds=2):
   times = [[] for _ in configs]
   for _, (i, cfg) in itertools.product(range(rounds), enumerate(configs)):
     fn = functools.partial(hopper.blockwise_fp8_dot, beta=1.0, out_dtype=out_dtype, config=cfg)
-    times[i].append(autotune.kernel_time_ms(fn, args, iters=20, check=check))
+    times[i].append(autotune.kernel_time_ms(fn, args, iters=iters, check=check))
   return times
 
 
