@@ -31,6 +31,7 @@ A-scale rows to whole 64-row chunks); padding is exact and sliced off.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -44,7 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax_fp8.pallas import device, problem, quant_math
 from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, gate_activation,
                                    pad_for_tma, tiled, unsupported_reason)
-from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline
+from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline, Stage
 from jax_fp8.pallas.recipe import zero_unless
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
@@ -86,6 +87,11 @@ class HopperConfig:
   one WGMMA chunk, promoted in 64-column pieces (each within one 128-row block
   of b, whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks
   (B is read from SMEM once for them all), e.g. 128 x 192 tiles split by rows.
+  a_scale_window: 0, or the most K steps whose a-scales the producer stages at
+  once: it loads the tile's (tile_m, window) block of a_scale from GMEM and
+  stores it transposed into a 2-slot SMEM ring, so that a consumer's scales of
+  a K block are one contiguous SMEM load instead of a strided GMEM load per
+  step (the window is the largest divisor of a pass's K steps up to this).
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -103,6 +109,7 @@ class HopperConfig:
   k_step: int = 1
   scale_product: bool = True
   wide_chunks: bool = False
+  a_scale_window: int = 0
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -158,6 +165,9 @@ class HopperConfig:
       raise ValueError(f"split_k must be >= 1, and 1 with clusters, got {self.split_k}")
     if self.k_step not in (1, 2):
       raise ValueError(f"k_step must be 1 or 2, got {self.k_step}")
+    if self.a_scale_window and (self.a_scale_window > 32 or self.tile_m not in (128, 256)):
+      raise ValueError(f"a_scale_window={self.a_scale_window} needs tile_m 128 or 256 (a "
+                       "row or two per producer thread) and at most 32 steps")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
       raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
                        f"{self.producer_registers}")
@@ -192,7 +202,13 @@ class HopperConfig:
            * np.dtype(out_dtype).itemsize)
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
-    return self.stages * stage + epi + 1024  # barriers and alignment slack
+    staged = 2 * self.a_scale_window * self.k_step * self.tile_m * 4  # at most
+    return self.stages * stage + epi + staged + 1024  # barriers and alignment slack
+
+  def window_steps(self, k_steps: int) -> int:
+    """K steps per staged a-scale window of a pass of k_steps (0: not staged)."""
+    return max((w for w in range(1, min(self.a_scale_window, k_steps) + 1) if k_steps % w == 0),
+               default=0)
 
 
 def launch_registers(warpgroups: int) -> int:
@@ -225,6 +241,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   consumers, stages, k_step = cfg.consumers, cfg.stages, cfg.k_step
   tile_m, tile_n, step_k = cfg.tile_m, cfg.tile_n, K_BLOCK * cfg.k_step
   k_steps = pl.cdiv(prob.k_blocks, k_step)
+  window = cfg.window_steps(k_steps)  # K steps per staged a-scale window, or 0
   cluster_axes = ("cluster",) if cfg.cluster_m * cfg.cluster_n > 1 else ()
   sched = dataclasses.replace(prob.scheduler, **meta)  # its metadata refs (grouped)
   out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
@@ -238,14 +255,21 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=3 if prob.glu_rows else 2,
                                           empty_arrivals=consumers, cluster_axes=cluster_axes),
   )
+  if window:
+    scratch["a_stage"] = plgpu.SMEM((2, window * k_step, tile_m), jnp.float32)
+    scratch.update({f"stage_{name}": bar for name, bar in ProducerConsumerPipeline.barriers(
+        2, full_arrivals=1, empty_arrivals=consumers).items()})
   if c_gmem is not None:
     scratch["c_smem"] = plgpu.SMEM((consumers, 2, cm, cfg.epi_tile_n), c_gmem.dtype,
                                    transforms=tiled(c_gmem.dtype, cfg.epi_tile_n))
     scratch["c_barrier"] = plgpu.Barrier(num_barriers=2 * consumers)  # [warpgroup * 2 + slot]
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
-  def _scope(a_smem, b_smem, out_smem, full, empty, c_smem=None, c_barrier=None):
+  def _scope(a_smem, b_smem, out_smem, full, empty, c_smem=None, c_barrier=None, a_stage=None,
+             stage_full=None, stage_empty=None):
     inputs = ProducerConsumerPipeline(full, empty, stages)
+    # a-scale windows: a 2-slot ring the producer fills with generic stores
+    scale_ring = ProducerConsumerPipeline(stage_full, stage_empty, 2) if window else None
     cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
     cluster_index = lax.axis_index("cluster") if cluster_axes else i32(0)
     wg = lax.axis_index("wg")
@@ -269,9 +293,22 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     def _producer():
       plgpu.set_max_registers(cfg.producer_registers, action="decrease")
       total = sched.steps(cta, num_ctas, k_steps)
-      with inputs.producer(total) as produce:
+      with contextlib.ExitStack() as rings:
+        produce = rings.enter_context(inputs.producer(total))
+        if window:
+          produce_window = rings.enter_context(scale_ring.producer(lax.div(total, i32(window))))
+
+        def load_a_scales(tile, w):
+          """The a-scales of window w of the tile's pass: a (tile_m,) column per K block."""
+          blocks = window * k_step
+          last = tile.k0 + prob.k_blocks - 1
+          return [plgpu.load(as_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m),
+                                        jnp.minimum(tile.k0 + w * blocks + j, last)],
+                             layout=plgpu.Layout.WG_STRIDED((tile_m,), 1), optimized=False)
+                  for j in range(blocks)]
+
         def load_pass(tile, tp, step0):
-          def load_step(ks, _):
+          def load_step(ks):
             with produce(step0 + ks) as st:
               bar = inputs.producer_mbar(st)
               kcols = pl.ds((tile.k0 + ks * k_step) * K_BLOCK, step_k)
@@ -287,7 +324,24 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
                 plgpu.copy_gmem_to_smem(
                     b_gmem.at[tp.b_group, pl.ds(tile.n0, tile_n), kcols], b_smem.at[st.index],
                     bar, collective_axes=cluster_axes if cfg.cluster_m > 1 else None)
-          lax.fori_loop(i32(0), i32(k_steps), load_step, None)
+          if not window:
+            lax.fori_loop(i32(0), i32(k_steps), lambda ks, _: load_step(ks), None)
+            return
+
+          # The window's scale loads are in flight while the TMAs of its first
+          # `lead` steps are issued (the consumers are a ring behind: they reach
+          # the window after them); then they are stored and the window is full.
+          lead = min(stages - 1, window)
+
+          def load_window(w, _):
+            cols = load_a_scales(tile, w)
+            lax.fori_loop(i32(0), i32(lead), lambda i, _: load_step(w * window + i), None)
+            with produce_window(lax.div(step0, i32(window)) + w) as wst:
+              for j, col in enumerate(cols):
+                a_stage.at[wst.index, j][...] = col
+              plgpu.barrier_arrive(scale_ring.producer_mbar(wst))
+            lax.fori_loop(i32(lead), i32(window), lambda i, _: load_step(w * window + i), None)
+          lax.fori_loop(i32(0), i32(k_steps // window), load_window, None)
         for_each_pass(load_pass, i32(0))
 
     @pl.when(wg < consumers)
@@ -297,7 +351,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       if c_gmem is not None:
         c_ring = PrefetchRing(c_smem.at[wg], c_barrier, first_barrier=wg * 2)
       stores = OutputStores(out_smem.at[wg])
-      warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem)
+      warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem, window, a_stage, scale_ring)
 
       def tile_body(i, step):
         tile = sched.tile(cta + i * num_ctas, cluster_index)
@@ -330,6 +384,9 @@ class _Warpgroup:
   wg: object
   as_gmem: object
   bs_gmem: object
+  a_window: int = 0        # K steps per staged a-scale window (0: a-scales from GMEM)
+  a_stage: object = None   # the windows' SMEM ring, [2, window * k_step, tile_m]
+  scale_ring: object = None
 
   @property
   def chunks(self):
@@ -364,9 +421,11 @@ class _Warpgroup:
     return tuple(zero for _ in self.parts)
 
   # -- scales ------------------------------------------------------------------
-  def k_block_scales(self, tile, tp, kb):
+  def k_block_scales(self, tile, tp, kb, a_staged=None):
     """(row factors of the chunk row offsets, b scales of the part column
     offsets) of K block kb; with one part carrying the product: ((product,), ()).
+    a_staged: the block's a-scales staged in SMEM ([tile_m], the tile's rows),
+    else they load from GMEM.
     A block past the unit's K range (the zeros of a partial last step) and the
     rows outside [tp.row_lo, tp.row_hi) get factor 0 (never inf * 0)."""
     cfg, recipe = self.cfg, self.prob.recipe
@@ -380,10 +439,14 @@ class _Warpgroup:
     rows_scales = []
     for r in sorted({r for r, _ in chunks}):
       row0 = tile.m0 + wr + r
-      # Rows are padded to whole chunks only: a chunk wholly past them (past M:
-      # its rows are never stored) reads the last chunk's.
-      s = plgpu.load(self.as_gmem.at[tile.a_group, pl.ds(jnp.minimum(row0, scale_rows - cm), cm),
-                                     kb], layout=row_layout, optimized=False)
+      if a_staged is not None:
+        s = plgpu.load(a_staged.at[pl.ds(wr + r, cm)], layout=row_layout, optimized=False)
+      else:
+        # Rows are padded to whole chunks only: a chunk wholly past them (past M:
+        # its rows are never stored) reads the last chunk's.
+        s = plgpu.load(self.as_gmem.at[tile.a_group,
+                                       pl.ds(jnp.minimum(row0, scale_rows - cm), cm), kb],
+                       layout=row_layout, optimized=False)
       if self.prob.mask_rows:
         rows = row0 + plgpu.broadcasted_iota(i32, (cm,), 0, layout=row_layout)
         s = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi) & valid, s)
@@ -415,13 +478,20 @@ class _Warpgroup:
     recipe = self.prob.recipe
     return recipe.factor(recipe.row_factor(a, b), b, shape)
 
-  def step_scales(self, tile, tp, ks):
+  def step_scales(self, tile, tp, ks, a_staged=None):
+    """The scales of step ks's K blocks; a_staged: their a-scales in SMEM
+    ([k_step, tile_m])."""
     k_step = self.cfg.k_step
-    return tuple(self.k_block_scales(tile, tp, tile.k0 + ks * k_step + j) for j in range(k_step))
+    return tuple(self.k_block_scales(tile, tp, tile.k0 + ks * k_step + j,
+                                     None if a_staged is None else a_staged.at[j])
+                 for j in range(k_step))
 
   # -- the K loop ----------------------------------------------------------------
   def run_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """One K pass over the tile: k_steps pipeline steps from step0."""
+    if self.a_window:
+      return self.run_staged_pass(inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps)
+
     def body(ks, carry):
       acc, scales, slot = carry
       with inputs.consume_slot(slot):
@@ -432,8 +502,40 @@ class _Warpgroup:
     acc, _, _ = lax.fori_loop(i32(0), i32(k_steps), body, carry)
     return acc
 
-  def consumer_k_step(self, a_slot, b_slot, tile, tp, ks, acc, scales, k_steps):
-    """WGMMA and promotion of step ks's K blocks; returns (acc, next step's scales).
+  def run_staged_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
+    """run_pass with the a-scales staged by the producer, a window of steps at a
+    time: a step's scales load at its top (SMEM, and b's L1-resident GMEM) and
+    are used after its WGMMA wait. One loop over the steps (a nested loop over
+    a window's few steps would be unrolled), carrying the step's place in its
+    window and the window's slot."""
+    window, k_step = self.a_window, self.cfg.k_step
+    ring = self.scale_ring
+
+    def body(ks, carry):
+      acc, slot, i, wslot = carry
+
+      @pl.when(i == 0)
+      def _():
+        ring.wait_producer(Stage(None, wslot, None))
+      with inputs.consume_slot(slot):
+        scales = self.step_scales(tile, tp, ks, self.a_stage.at[wslot, pl.ds(i * k_step, k_step)])
+        acc, _ = self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc,
+                                      scales, k_steps, load_next=False)
+      last = i == window - 1
+
+      @pl.when(last)
+      def _():
+        ring.release(Stage(None, wslot, None))
+      return (acc, inputs.next_index(slot), jnp.where(last, i32(0), i + 1),
+              jnp.where(last, ring.next_index(wslot), wslot))
+    carry = (acc, inputs.stage(step0).index, i32(0),
+             ring.stage(lax.div(step0, i32(window))).index)
+    return lax.fori_loop(i32(0), i32(k_steps), body, carry)[0]
+
+  def consumer_k_step(self, a_slot, b_slot, tile, tp, ks, acc, scales, k_steps, *,
+                      load_next=True):
+    """WGMMA and promotion of step ks's K blocks; returns (acc, next step's scales)
+    (None unless load_next).
 
     The next step's scales load now and are used then. Block j's loads follow
     block j - 1's promotion, whose scales are then dead: they land in the
@@ -447,9 +549,9 @@ class _Warpgroup:
     k_step = cfg.k_step
     next_kb = tile.k0 + jnp.minimum(ks + 1, k_steps - 1) * k_step
     early = k_step == 1 and not cfg.scale_product
-    next_scales = [self.k_block_scales(tile, tp, next_kb)] if early else []
+    next_scales = [self.k_block_scales(tile, tp, next_kb)] if early and load_next else []
     for j in range(k_step):
-      if j > 0:
+      if j > 0 and load_next:
         next_scales.append(self.k_block_scales(tile, tp, next_kb + j - 1))
       new_acc = []
       for r, c in self.chunks:
@@ -468,6 +570,8 @@ class _Warpgroup:
           acc_p = acc[len(new_acc)]
           new_acc.append(acc_p + part * self.factor(scales[j], r, c + p, part.shape))
       acc = tuple(new_acc)
+    if not load_next:
+      return acc, None
     if not early:
       next_scales.append(self.k_block_scales(tile, tp, next_kb + k_step - 1))
     # Only WGMMA (the async proxy) read this slot: releasing it to the
@@ -547,12 +651,14 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
 def _tiling(cfg: HopperConfig) -> problem.Tiling:
   cfg.check()
   def pad(a, a_scale, b, c, out_dtype, out_n=None):
-    # The A-scales are loaded from GMEM as given, rows padded to whole chunks;
-    # the output's columns to whole tiles of its SMEM layout.
+    # The A-scales are loaded from GMEM as given, rows padded to whole chunks
+    # (staged: to whole tiles, which the producer loads); the output's columns
+    # to whole tiles of its SMEM layout.
     (tiling, _) = tiled(out_dtype, cfg.epi_tile_n)
     return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
                        out_cols_multiple=max(64, tiling.tiling[1]), transpose_a_scale=False,
-                       a_scale_rows_multiple=CHUNK_M, out_n=out_n)
+                       a_scale_rows_multiple=cfg.tile_m if cfg.a_scale_window else CHUNK_M,
+                       out_n=out_n)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
                         cfg.cluster_m, cfg.cluster_n)
 

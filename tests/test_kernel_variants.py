@@ -40,6 +40,8 @@ H_SPLIT_N = hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="n", stages=2, 
 # 128 x 192 tiles split by rows, a wide chunk per warpgroup in 64-column parts.
 H_WIDE_CHUNK = hopper.HopperConfig(tile_m=128, tile_n=192, wg_split="m", stages=2, num_sms=2,
                                    wide_chunks=True)
+# ... with the a-scales staged in SMEM by the producer (3-step windows over K=300).
+H_WIDE_STAGED = dataclasses.replace(H_WIDE_CHUNK, a_scale_window=4)
 B_SMALL = blackwell.BlackwellConfig(tile_n=64, input_stages=2, num_ctas=3, epi_tile_n=32)
 B_WIDE = blackwell.BlackwellConfig(tile_n=256, input_stages=2, tmem_stages=2, num_ctas=2)
 
@@ -110,6 +112,7 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
     ("sm90", H_SPLIT_N, 200, 136, 384, F32),                # two 64 x 64 chunks per warpgroup
     # a 64 x 192 wide chunk per warpgroup, per-row scales in 64-column pieces
     ("sm90", H_WIDE_CHUNK, 136, 400, 850, F32),
+    ("sm90", H_WIDE_STAGED, 136, 400, 850, F32),           # ... a-scales staged in SMEM
     ("sm100", B_SMALL, 130, 200, 300, F32),
     ("sm100", B_WIDE, 100, 300, 256, BF16),
 ])
@@ -134,6 +137,7 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", H_WIDE_M, 300, [129, 127, 0, 1]),                 # two column chunks per warpgroup
     ("sm90", H_THREE_M, 400, [100, 191, 0, 1, 60]),            # three consumers, 192-row tiles
     ("sm90", H_WIDE_CHUNK, 300, [129, 127, 0, 1]),             # one 64 x 192 WGMMA per warpgroup
+    ("sm90", H_WIDE_STAGED, 300, [129, 127, 0, 1]),            # a-scales staged: a window per pass
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),
     ("sm100", B_SMALL, 200, [-5, 129, 3]),                     # a negative size counts as 0
@@ -151,6 +155,7 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", H_SMALL, 100, [0, 100, 37], F32),       # empty, full, partial; 2 row tiles
     ("sm90", H_SPLIT_M, 130, [129, 1], BF16),
     ("sm90", H_WIDE_CHUNK, 130, [129, 1], BF16),
+    ("sm90", H_WIDE_STAGED, 130, [129, 1], BF16),
     ("sm90", dataclasses.replace(H_SMALL, k_step=2), 64, [64, 5, 200], F32),  # clamped to M
     ("sm100", B_SMALL, 130, [0, 130, 37], F32),
 ])

@@ -130,6 +130,19 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
                                       scale_product=False), True, BF16, -1.0, jnp.bfloat16),
     (70, 100, 1024, dataclasses.replace(NARROW, split_k=2, k_step=2, scale_product=False),
      False, F32, 1.0, None),
+    # a-scales staged by the producer in windows of K steps (SMEM, transposed): two
+    # 4-step windows per pass, several tiles per CTA (the window ring runs across
+    # tiles); then 128 x 256 tiles (two chunk rows per warpgroup), two-block steps,
+    # the last step's second block past K (its staged column clamped, factor 0)
+    (200, 330, 1024, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=3,
+                                         wide_chunks=True, a_scale_window=4), True, F32, 0.5,
+     jnp.float32),
+    (136, 264, 850, dataclasses.replace(DEFAULT_LARGE, stages=2, k_step=2, a_scale_window=2),
+     False, BF16, 1.0, None),
+    # 256-row tiles (two staged rows per producer thread), one 13-step window per pass
+    (300, 200, 1664, dataclasses.replace(DEFAULT_LARGE, tile_m=256, tile_n=128, wg_split="m",
+                                         stages=2, a_scale_window=16), True, BF16, -1.0,
+     jnp.bfloat16),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,
@@ -211,6 +224,10 @@ def test_config_validation():
     hopper.HopperConfig(cluster_m=2, cluster_n=2).check()
   with pytest.raises(ValueError, match="k_step"):
     hopper.HopperConfig(k_step=3).check()
+  with pytest.raises(ValueError, match="a_scale_window"):
+    hopper.HopperConfig(tile_m=64, a_scale_window=4).check()
+  with pytest.raises(ValueError, match="a_scale_window"):
+    hopper.HopperConfig(a_scale_window=33).check()
   # Registers past the 168 per thread a 3-warpgroup CTA launches with would make
   # the consumers' setmaxnreg.inc wait forever (it hung on the H100).
   with pytest.raises(ValueError, match="hang"):

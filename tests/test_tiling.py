@@ -55,7 +55,8 @@ def _config(spec: str) -> hopper.HopperConfig:
   tm, tn, split, consumers = re.fullmatch(r"(\d+)x(\d+)([mn])(\d)", tile).groups()
   cfg = dict(tile_m=int(tm), tile_n=int(tn), wg_split=split, consumers=int(consumers))
   names = {"s": "stages", "e": "epi_tile_n", "ks": "k_step", "sk": "split_k",
-           "cm": "cluster_m", "cn": "cluster_n", "p": "producer_registers"}
+           "cm": "cluster_m", "cn": "cluster_n", "p": "producer_registers",
+           "aw": "a_scale_window"}
   for f in fields:
     if f == "sep":
       cfg["scale_product"] = False
@@ -96,8 +97,9 @@ FROZEN_PICKS = [
     (128, 7168, 2048, '', {'128x64m2 s3 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
                            '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1081 -> 1150 TFLOP/s at bf16)
-    (4096, 2112, 7168, '', {'128x192m2 s3 e64 on wide': 'bf16 bf16+cbf16 bf16+cf32',
-                            '128x192m2 s3 e32 on wide': 'f32 f32+cf32 f32+cbf16'}),
+    # a-scales staged in SMEM by 4-step windows since 2026-11-26 (H200: +2.3%)
+    (4096, 2112, 7168, '', {'128x192m2 s3 e64 on wide aw4': 'bf16 bf16+cbf16 bf16+cf32',
+                            '128x192m2 s3 e32 on wide aw4': 'f32 f32+cf32 f32+cbf16'}),
     (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72': 'bf16',
                              '128x256n2 s2 e64 on p72': 'bf16+cf32',
                              '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
@@ -119,8 +121,8 @@ FROZEN_PICKS = [
                             '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1142 -> 1197 TFLOP/s at bf16)
-    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide': 'bf16',
-                                   '128x192m2 s3 e32 on wide': 'f32'}),
+    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide aw4': 'bf16',
+                                   '128x192m2 s3 e32 on wide aw4': 'f32'}),
     (1024, 4096, 7168, 'masked x1', {'128x256n2 s3 e64 on p72': 'bf16',
                                      '128x256n2 s3 e32 on p72': 'f32'}),
     (512, 4096, 7168, 'masked x2', {'128x256n2 s3 e64 om p72': 'bf16',

@@ -7,8 +7,9 @@ operands rotated past the L2, every output checked against the contract). On the
 
 A variant is a comma list of HopperConfig fields replaced in the shape's default
 (pallas/hopper_tiling.default_config); variants are separated by ';'. A variant the config
-check refuses is reported and skipped. Prints TFLOP/s (median over --rounds of the median
-of --iters calls) and each variant's ratio to the default (> 1: faster).
+check refuses, or whose SMEM does not fit, is reported and skipped. Prints TFLOP/s (median
+over --rounds of the median of --iters calls) and each variant's ratio to the default
+(> 1: faster).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def main(argv=None) -> int:
   sys.path.insert(0, os.path.dirname(__file__))
   import jax.numpy as jnp
   from jax_fp8.pallas import hopper_tiling
+  from jax_fp8.pallas.common import SMEM_BYTES
   from tiling_picks import time_pair
 
   variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
@@ -61,6 +63,8 @@ def main(argv=None) -> int:
       try:
         cfg = dataclasses.replace(base, **fields)
         cfg.check()
+        if cfg.smem_bytes(jnp.bfloat16) > SMEM_BYTES:
+          raise ValueError(f"needs {cfg.smem_bytes(jnp.bfloat16)} B of SMEM > {SMEM_BYTES}")
       except (TypeError, ValueError) as e:
         print(f"{shape} {name}: refused: {e}")
         continue

@@ -94,7 +94,8 @@ def spec(cfg) -> str:
       s += f" {short}{getattr(cfg, field)}"
   if cfg.producer_registers != 40:
     s += f" p{cfg.producer_registers}"
-  return s + ("" if cfg.scale_product else " sep") + (" wide" if cfg.wide_chunks else "")
+  s += ("" if cfg.scale_product else " sep") + (" wide" if cfg.wide_chunks else "")
+  return s + (f" aw{cfg.a_scale_window}" if cfg.a_scale_window else "")
 
 
 def load_revision(rev: str):
