@@ -10,7 +10,9 @@
 #   details_<shape>.csv    the report's metrics (cycles, instructions, throughputs, ...)
 # Summarise them with `python3 tools/sass_summary.py $OUT/sass_<shape>.csv.gz
 # --details=$OUT/details_<shape>.csv` (any machine). About 15 s per shape on the H100.
-# Knobs: NCU_ARGS (extra ncu flags, e.g. "--launch-skip 5"), ONE_CALL_ARGS (e.g. "--out_dtype=float32").
+# Knobs: NCU_ARGS (extra ncu flags, e.g. "--launch-skip 5"), ONE_CALL_ARGS (e.g.
+# "--out_dtype=float32", or "--variant=a_scale_window=4" for a config variant), NCU_TAG
+# (a suffix of the output names, to keep two profiles of one shape apart).
 set -u -o pipefail
 OUT="${OUT:-$PWD/.out}"
 mkdir -p "$OUT"
@@ -19,16 +21,17 @@ export PATH="$PATH:/usr/local/cuda/bin"
 [ $# -ge 1 ] || { echo "usage: bash tools/ncu_sass.sh MxNxK [MxNxK ...]" >&2; exit 2; }
 status=0
 for shape in "$@"; do
-  rep="$OUT/profile_$shape"
+  tag="$shape${NCU_TAG:-}"
+  rep="$OUT/profile_$tag"
   # The kernel's calls are the only launches whose name has "mosaic_gpu"; skip three of four.
   if ncu --launch-skip 3 --launch-count 1 -k regex:mosaic_gpu --clock-control none --set full \
          --import-source yes ${NCU_ARGS:-} -f -o "$rep" \
-         python3 tools/one_call.py "$shape" ${ONE_CALL_ARGS:-} > "$OUT/ncu_$shape.log" 2>&1; then
-    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/sass_$shape.csv.gz"
-    ncu --import "$rep.ncu-rep" --page details --csv > "$OUT/details_$shape.csv"
-    echo "ncu_sass: $shape -> $OUT/sass_$shape.csv.gz, $OUT/details_$shape.csv"
+         python3 tools/one_call.py "$shape" ${ONE_CALL_ARGS:-} > "$OUT/ncu_$tag.log" 2>&1; then
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/sass_$tag.csv.gz"
+    ncu --import "$rep.ncu-rep" --page details --csv > "$OUT/details_$tag.csv"
+    echo "ncu_sass: $shape -> $OUT/sass_$tag.csv.gz, $OUT/details_$tag.csv"
   else
-    echo "ncu_sass: $shape failed (see $OUT/ncu_$shape.log):" >&2; tail -5 "$OUT/ncu_$shape.log" >&2
+    echo "ncu_sass: $shape failed (see $OUT/ncu_$tag.log):" >&2; tail -5 "$OUT/ncu_$tag.log" >&2
     status=1
   fi
   rm -f "$rep.ncu-rep"   # large; the two exports keep what the summary reads
