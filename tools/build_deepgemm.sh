@@ -20,7 +20,15 @@
 #   export PYTHONPATH=$PWD/SRC:$PYTHONPATH DG_JIT_CACHE_DIR=$PWD/scratch/dg_jit
 # and the benchmarks' `deepgemm` contenders import it (its kernels compile at first call;
 # a carried DG_JIT_CACHE_DIR keeps them).
+#
+#   bash tools/build_deepgemm.sh --links [SRC]   only the include links its JIT needs: a tree
+#                                                whose built extension was brought back and put
+#                                                in place here lacks them (the build made them in
+#                                                the device's copy); without them every kernel
+#                                                fails with "NVCC compilation failed"
 set -euo pipefail
+LINKS_ONLY=0
+if [ "${1:-}" = "--links" ]; then LINKS_ONLY=1; shift; fi
 SRC="$(realpath "${1:-scratch/deepgemm}")"
 [ -f "$SRC/setup.py" ] && [ -d "$SRC/third-party/cutlass/include/cute" ] || {
   echo "build_deepgemm: $SRC is not a DeepGEMM tree with its cutlass includes" >&2; exit 2; }
@@ -28,6 +36,7 @@ cd "$SRC"
 # Relative links, so that the tree still works where it is carried to.
 ln -sfn ../../third-party/cutlass/include/cutlass deep_gemm/include/cutlass
 ln -sfn ../../third-party/cutlass/include/cute deep_gemm/include/cute
+[ "$LINKS_ONLY" = 1 ] && { echo "build_deepgemm: include links made in $SRC"; exit 0; }
 rm -rf build
 CC=/usr/bin/gcc CXX=/usr/bin/g++ DG_USE_LOCAL_VERSION=0 MAX_JOBS="$(nproc)" \
   python3 setup.py build > build.log 2>&1 || { tail -20 build.log >&2; exit 1; }
