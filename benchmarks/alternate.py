@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The dense benchmark of two checkouts, alternated, for a no-regression check.
+"""A benchmark of two checkouts, alternated, for a no-regression check.
 
-Runs benchmarks/blockwise_dot.py of an old and a new source tree in turn, each
+Runs benchmarks/blockwise_dot.py (or another --script: grouped.py, training.py,
+mlp.py) of an old and a new source tree in turn, each
 in a fresh process with the same flags (old, new, old, new, ... for --rounds
 rounds), so that drift of the machine (clocks, temperature) shows as spread
 instead of as a difference; then merges their JSONs into one table: per shape,
@@ -12,13 +13,18 @@ new ms: above 1 the new code is faster), and each tree's spread over its rounds
 Each process imports the jax_fp8 of its own tree (PYTHONPATH and the working
 directory are the tree), and gets an autotune cache of its own, empty at the
 start (JAX_FP8_AUTOTUNE_CACHE), so neither reuses the other's tuned configs.
-The old tree needs only a blockwise_dot.py with the same flags (any checkout
-since the 18-shape preset and --json_out, e.g. `git archive main` unpacked into
-scratch/old, which git ignores).
+The old tree needs only the script with the same flags (for blockwise_dot.py any
+checkout since the 18-shape preset and --json_out, e.g. `git archive main` unpacked
+into scratch/old, which git ignores).
 
   python benchmarks/alternate.py --old_tree=scratch/old --rounds=2 \\
       --bench_args="--shapes=deepseek_v3 --backends=pallas --iters=20" \\
       --json_out=compare.json
+
+The grouped GEMMs run other paths of the kernels (their schedulers): compare them too,
+
+  python benchmarks/alternate.py --old_tree=scratch/old --script=grouped.py \\
+      --bench_args="--cases=deepseek_v3 --backends=pallas --iters=20"
 
 Exit status: 1 if a run failed (no results, or its checks failed), or if a shape
 is slower than --fail_below (new/old) when that is set; 2 if interrupted; else 0.
@@ -46,12 +52,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def define_flags():
   flags.DEFINE_string("old_tree", None, "root of the old checkout (holds jax_fp8/ and "
-                      "benchmarks/blockwise_dot.py)")
+                      "benchmarks/<script>)")
   flags.DEFINE_string("new_tree", os.path.dirname(HERE), "root of the new checkout (default: "
                       "this one)")
   flags.DEFINE_integer("rounds", 2, "rounds of (old, new)")
+  flags.DEFINE_string("script", "blockwise_dot.py", "the benchmark under benchmarks/ of both "
+                      "trees: any whose --json_out rows carry shape, backend and ms "
+                      "(blockwise_dot.py, grouped.py, training.py, mlp.py)")
   flags.DEFINE_string("bench_args", "--shapes=deepseek_v3 --backends=pallas --iters=20",
-                      "flags of blockwise_dot.py, the same for both trees")
+                      "flags of the script, the same for both trees")
   flags.DEFINE_string("json_out", None, "write the merged results (and every run's) as JSON")
   flags.DEFINE_float("time_budget_s", 0.0, "start no new run after this many seconds, and "
                      "stop a run at it (0: no limit)")
@@ -70,13 +79,13 @@ def _commit(tree: str) -> str | None:
   return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def run_tree(label, tree, bench_args, json_path, work_dir, timeout, shared_cache):
-  """One fresh process of `tree`'s blockwise_dot.py; returns the run's record."""
+def run_tree(label, tree, script, bench_args, json_path, work_dir, timeout, shared_cache):
+  """One fresh process of `tree`'s benchmarks/<script>; returns the run's record."""
   env = dict(os.environ)
   env["PYTHONPATH"] = tree + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
   if not shared_cache:
     env["JAX_FP8_AUTOTUNE_CACHE"] = os.path.join(work_dir, f"autotune-{label}.json")
-  cmd = [sys.executable, os.path.join(tree, "benchmarks", "blockwise_dot.py"), *bench_args,
+  cmd = [sys.executable, os.path.join(tree, "benchmarks", script), *bench_args,
          f"--json_out={json_path}"]
   t0 = time.perf_counter()
   try:
@@ -170,8 +179,8 @@ def _main() -> int:
     return 1
   trees = {"old": os.path.abspath(FLAGS.old_tree), "new": os.path.abspath(FLAGS.new_tree)}
   for label, tree in trees.items():
-    if not os.path.isfile(os.path.join(tree, "benchmarks", "blockwise_dot.py")):
-      print(f"alternate.py: error: --{label}_tree={tree} has no benchmarks/blockwise_dot.py",
+    if not os.path.isfile(os.path.join(tree, "benchmarks", FLAGS.script)):
+      print(f"alternate.py: error: --{label}_tree={tree} has no benchmarks/{FLAGS.script}",
             file=sys.stderr)
       return 1
   bench_args = shlex.split(FLAGS.bench_args)
@@ -182,7 +191,7 @@ def _main() -> int:
   runs, notes = [], []
   print(f"old: {trees['old']} ({_commit(trees['old']) or 'no git'}); "
         f"new: {trees['new']} ({_commit(trees['new']) or 'no git'})", flush=True)
-  print(f"blockwise_dot.py {shlex.join(bench_args)}; {FLAGS.rounds} rounds of (old, new)",
+  print(f"{FLAGS.script} {shlex.join(bench_args)}; {FLAGS.rounds} rounds of (old, new)",
         flush=True)
 
   def on_sigterm(signum, frame):
@@ -198,7 +207,7 @@ def _main() -> int:
                          f"round {r}")
             raise StopIteration
           path = os.path.join(work_dir, f"{label}-{r}.json")
-          run = run_tree(label, trees[label], bench_args, path, work_dir,
+          run = run_tree(label, trees[label], FLAGS.script, bench_args, path, work_dir,
                          left if FLAGS.time_budget_s > 0 else None, FLAGS.shared_autotune_cache)
           run["round"] = r
           runs.append(run)
@@ -215,7 +224,7 @@ def _main() -> int:
   entries = merge(runs)
   print("")
   print("new/old = old ms / new ms (above 1: the new code is faster); spread = (max - min) / "
-        "median over a tree's rounds; times as blockwise_dot.py measures them (GPU kernel time "
+        f"median over a tree's rounds; times as {FLAGS.script} measures them (GPU kernel time "
         "on a GPU)")
   print(format_summary(entries, FLAGS.fail_below))
   for note in notes:
@@ -229,7 +238,7 @@ def _main() -> int:
   if FLAGS.json_out:
     data = {"old_tree": trees["old"], "new_tree": trees["new"],
             "old_commit": _commit(trees["old"]), "new_commit": _commit(trees["new"]),
-            "bench_args": bench_args, "rounds": FLAGS.rounds,
+            "script": FLAGS.script, "bench_args": bench_args, "rounds": FLAGS.rounds,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "wall_s": round(time.perf_counter() - t_start, 1), "notes": notes,
             "summary": entries, "runs": runs}

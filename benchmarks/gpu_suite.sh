@@ -48,6 +48,9 @@
 #   SUITE_COMPARE_ROUNDS=2            compare: rounds of (old, new)
 #   SUITE_COMPARE_ARGS="--shapes=deepseek_v3 --backends=pallas"   compare: flags of
 #                                     both trees' blockwise_dot.py (+ --iters)
+#   SUITE_COMPARE_SCRIPT=blockwise_dot.py   compare: the benchmark both trees run (e.g.
+#                                     grouped.py with SUITE_COMPARE_ARGS="--cases=deepseek_v3
+#                                     --backends=pallas": the grouped kernels' paths)
 #   SUITE_TESTS_TIMEOUT=540 SUITE_BENCH_TIMEOUT=480 SUITE_QUANT_TIMEOUT=40
 #   SUITE_GROUPED_TIMEOUT=540 SUITE_TRAINING_TIMEOUT=300 SUITE_MLP_TIMEOUT=240
 #   SUITE_COMPARE_TIMEOUT=560 SUITE_MULTIGPU_TIMEOUT=420
@@ -171,11 +174,12 @@ EOF
       sed -n '/^summary (/,$p' "$OUT/$part.log" | tee -a "$SUITE_LOG"
       ;;
     compare)
-      # The 18-shape dense benchmark of an old and this tree, alternated (issue 18).
+      # A benchmark (the 18 dense shapes by default) of an old and this tree, alternated.
       limit="${SUITE_COMPARE_TIMEOUT:-560}"
       bench_args="${SUITE_COMPARE_ARGS:---shapes=deepseek_v3 --backends=pallas}"
       run_part compare "$limit" "$OUT/compare.log" \
         "$PY" benchmarks/alternate.py --old_tree="${SUITE_OLD_TREE:-scratch/old}" --new_tree=. \
+        --script="${SUITE_COMPARE_SCRIPT:-blockwise_dot.py}" \
         --rounds="${SUITE_COMPARE_ROUNDS:-2}" --time_budget_s=$((limit - 20)) \
         --bench_args="$bench_args --iters=${SUITE_ITERS:-20}" --json_out="$OUT/compare.json"
       sed -n '/^new\/old = /,$p' "$OUT/compare.log" | tee -a "$SUITE_LOG"

@@ -259,6 +259,20 @@ def test_alternate_runs_two_trees_and_merges(tmp_path):
   assert len(entry["old_ms"]) == len(entry["new_ms"]) == 1 and entry["new_over_old"] > 0
 
 
+def test_alternate_runs_another_script(tmp_path):
+  out = tmp_path / "g.json"
+  proc = _run_rc(ALTERNATE, f"--old_tree={ROOT}", "--rounds=1", "--script=grouped.py",
+                 f"--json_out={out}", "--bench_args=--cases=masked:2x16x128x256 "
+                 "--backends=bf16_batched --iters=2 --rotate_mb=0", timeout=240)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "times as grouped.py measures them" in proc.stdout
+  data = json.loads(out.read_text())
+  assert data["script"] == "grouped.py"
+  (entry,) = data["summary"]
+  assert entry["shape"] == "masked 2x16 128x256" and entry["backend"] == "bf16_batched"
+  assert entry["new_over_old"] > 0
+
+
 # ---- contenders of APIs other branches are writing: called as agreed (common.md) ---------
 # Stand-ins with the agreed signatures, in jnp, patched into jax_fp8 in this process; the
 # workloads then run in-process and each contender's output is checked against the float64
