@@ -112,7 +112,7 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
     ("sm90", H_SPLIT_N, 200, 136, 384, F32),                # two 64 x 64 chunks per warpgroup
     # a 64 x 192 wide chunk per warpgroup, per-row scales in 64-column pieces
     ("sm90", H_WIDE_CHUNK, 136, 400, 850, F32),
-    ("sm90", H_WIDE_STAGED, 136, 400, 850, F32),           # ... a-scales staged in SMEM
+    ("sm90", H_WIDE_STAGED, 136, 400, 768, F32),           # ... a-scales staged in SMEM
     ("sm100", B_SMALL, 130, 200, 300, F32),
     ("sm100", B_WIDE, 100, 300, 256, BF16),
 ])

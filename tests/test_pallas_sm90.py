@@ -240,6 +240,14 @@ def test_config_validation():
     assert cfg.consumer_registers() == regs
 
 
+@pytest.mark.parametrize("window,k_steps,expected", [
+    (0, 56, 0), (4, 56, 4), (8, 56, 8), (16, 56, 14), (4, 3, 3), (16, 13, 13), (4, 6, 3),
+    (4, 5, 0), (4, 7, 0),  # no divisor near the window: GMEM a-scales
+])
+def test_a_scale_window_divides_the_pass(window, k_steps, expected):
+  assert hopper.HopperConfig(a_scale_window=window).window_steps(k_steps) == expected
+
+
 def test_split_k_must_divide_the_k_blocks():
   ops = testing.random_operands(0, 64, 64, 384)
   with pytest.raises(ValueError, match="split_k=2 must divide the 3 K blocks"):
