@@ -33,7 +33,7 @@ import math
 
 from jax_fp8.pallas import hopper
 from jax_fp8.pallas.common import K_BLOCK, SCALE_N
-from jax_fp8.pallas.hopper import HopperConfig
+from jax_fp8.pallas.hopper_config import HopperConfig
 
 # M up to which a problem is bandwidth-bound (decode): every B tile is read by
 # the CTAs of one tile column only, so a tile costs the bytes it streams.

@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 
 from jax_fp8.pallas import autotune, hopper, hopper_cost
 from jax_fp8.pallas.common import FP8_OUT, K_BLOCK, SCALE_N, SMEM_BYTES
-from jax_fp8.pallas.hopper import CHUNK_M, HopperConfig, kernel_dtypes
+from jax_fp8.pallas.hopper_config import CHUNK_M, HopperConfig, kernel_dtypes
 from jax_fp8.pallas.hopper_cost import chains_tiles, ring_stages  # noqa: F401 (API)
 
 # Tiles autotuning also tries that the model has no measurement for.

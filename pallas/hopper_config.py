@@ -1,0 +1,187 @@
+"""The Hopper kernel's tiling of one CTA: `HopperConfig`, validated in one place
+(`check`), and what follows from it (registers per warpgroup, SMEM, the a-scale
+window of a pass). pallas/hopper.py runs a config; pallas/hopper_tiling.py picks one.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_fp8.pallas.common import K_BLOCK, SCALE_N
+
+CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
+WIDE_PIECE_N = 64      # columns of a promoted piece of a wide chunk
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperConfig:
+  """Tiling of one CTA.
+
+  tile_m x tile_n: the CTA's output tile. The `consumers` (2 or 3) consumer
+  warpgroups split it along `wg_split` ("m": each takes tile_m/consumers rows;
+  "n": each takes tile_n/consumers columns). A warpgroup's part is computed as
+  (64, min(cols, 128)) WGMMA chunks, each within one 128-column b_scale block,
+  so that only one chunk's temporary accumulator is live next to the float32
+  accumulator (register budget).
+  stages: SMEM ring depth. grid_minor / group: tile order (planar snake over
+  bands of `group` tiles along the minor dimension). epi_tile_n: column width
+  of one epilogue store. num_sms: CTAs of the persistent grid (None: the
+  device's SM count). cluster_m=2: pairs of CTAs take vertically adjacent
+  tiles and share the B tile through TMA multicast; cluster_n=2: horizontally
+  adjacent tiles sharing the A tile (at most one of the two is 2).
+  producer_registers: registers per thread the TMA warpgroup keeps
+  (setmaxnreg); the consumers share the rest. split_k: the K blocks are cut
+  into this many equal ranges, each its own unit of work writing a float32
+  partial output; a fused XLA reduction sums them (and adds beta * c). k_step:
+  K blocks per pipeline step (one slot holds k_step blocks of A and B): fewer
+  barrier waits between a warpgroup's last promotion of one step and its
+  first WGMMA of the next. scale_product: a warpgroup of one accumulator part
+  forms a_scale * b_scale when the scales load and carries the product, and
+  every warpgroup loads the next step's scales after its promotion; False
+  (decode): a one-part warpgroup carries both and multiplies at promotion, off
+  the step's tail, and one-block steps load the next step's scales at their top.
+  wide_chunks: a warpgroup's whole column range (up to 256, a multiple of 64) is
+  one WGMMA chunk, promoted in 64-column pieces (each within one 128-row block
+  of b, whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks
+  (B is read from SMEM once for them all), e.g. 128 x 192 tiles split by rows.
+  a_scale_window: 0, or the most K steps whose a-scales the producer stages at
+  once: it loads the tile's (tile_m, window) block of a_scale from GMEM and
+  stores it transposed into a 2-slot SMEM ring, so that a consumer's scales of
+  a K block are one contiguous SMEM load instead of a strided GMEM load per
+  step (window_steps: the largest divisor of a pass's K steps up to this).
+  """
+  tile_m: int = 128
+  tile_n: int = 256
+  wg_split: str = "n"
+  stages: int = 4
+  grid_minor: str = "n"
+  group: int = 8
+  epi_tile_n: int = 64
+  num_sms: int | None = None
+  cluster_m: int = 1
+  cluster_n: int = 1
+  consumers: int = 2
+  producer_registers: int = 40
+  split_k: int = 1
+  k_step: int = 1
+  scale_product: bool = True
+  wide_chunks: bool = False
+  a_scale_window: int = 0
+
+  def wg_tile(self) -> tuple[int, int]:
+    if self.wg_split == "m":
+      return self.tile_m // self.consumers, self.tile_n
+    return self.tile_m, self.tile_n // self.consumers
+
+  def chunk(self) -> tuple[int, int]:
+    """(rows, columns) of one WGMMA chunk."""
+    _, wn = self.wg_tile()
+    return CHUNK_M, (wn if self.wide_chunks else min(wn, SCALE_N))
+
+  def piece_n(self) -> int:
+    """Columns of one promoted piece of a chunk (one float32 accumulator array):
+    the chunk, or 64 of a wide chunk."""
+    return WIDE_PIECE_N if self.wide_chunks else self.chunk()[1]
+
+  def check(self):
+    """Raises ValueError naming the field if this tiling cannot be built."""
+    if self.wg_split not in ("m", "n"):
+      raise ValueError(f"wg_split must be 'm' or 'n', got {self.wg_split!r}")
+    if self.grid_minor not in ("m", "n"):
+      raise ValueError(f"grid_minor must be 'm' or 'n', got {self.grid_minor!r}")
+    if self.consumers not in (2, 3):
+      raise ValueError(f"consumers must be 2 or 3, got {self.consumers}")
+    wm, wn = self.wg_tile()
+    split_dim = self.tile_m if self.wg_split == "m" else self.tile_n
+    if split_dim % self.consumers:
+      raise ValueError(f"the split dimension ({split_dim}) must divide among {self.consumers} "
+                       "consumer warpgroups")
+    if wm % CHUNK_M or wm < CHUNK_M:
+      raise ValueError(f"each warpgroup's rows ({wm}) must be a multiple of {CHUNK_M}")
+    if self.wide_chunks:
+      if wn % WIDE_PIECE_N or wn > 256:
+        raise ValueError(f"wide_chunks: each warpgroup's columns ({wn}) must be a multiple of "
+                         f"{WIDE_PIECE_N} and at most 256 (one WGMMA)")
+    elif wn < 16 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
+      raise ValueError(f"each warpgroup's columns ({wn}) must be >= 16 and divide or be a "
+                       "multiple of 128")
+    if self.tile_m > 256 or self.tile_n > 256:
+      raise ValueError("tile_m and tile_n must be <= 256 (TMA box limit)")
+    pn = self.piece_n()
+    if pn % self.epi_tile_n or self.epi_tile_n < 16:
+      raise ValueError(f"epi_tile_n={self.epi_tile_n} must be >= 16 and divide the width of "
+                       f"an accumulator piece, {pn}")
+    if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+      raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}, "
+                       f"{self.cluster_n}")
+    if self.cluster_m * self.cluster_n > 2:
+      raise ValueError("a cluster shares A (cluster_n) or B (cluster_m), not both")
+    if self.stages < 1 or self.group < 1:
+      raise ValueError("stages and group must be >= 1")
+    if self.split_k < 1 or (self.split_k > 1 and self.cluster_m > 1):
+      raise ValueError(f"split_k must be >= 1, and 1 with clusters, got {self.split_k}")
+    if self.k_step not in (1, 2):
+      raise ValueError(f"k_step must be 1 or 2, got {self.k_step}")
+    if self.a_scale_window and (self.a_scale_window > 32 or self.tile_m not in (128, 256)):
+      raise ValueError(f"a_scale_window={self.a_scale_window} needs tile_m 128 or 256 (a "
+                       "row or two per producer thread) and at most 32 steps")
+    if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
+      raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
+                       f"{self.producer_registers}")
+    # setmaxnreg only moves registers the CTA was launched with: asking for
+    # more than that pool makes the consumers' setmaxnreg.inc wait forever.
+    pool = launch_registers(self.consumers + 1) * (self.consumers + 1)
+    used = self.producer_registers + self.consumers * self.consumer_registers()
+    if used > pool:
+      raise ValueError(f"producer_registers={self.producer_registers} leaves the "
+                       f"{self.consumers} consumer warpgroups {self.consumer_registers()} "
+                       f"registers each: {used} per thread of a warpgroup > the {pool} the CTA "
+                       "is launched with (the kernel would hang)")
+
+  def consumer_registers(self) -> int:
+    """Registers per consumer thread after setmaxnreg: what the producer leaves of
+    512 per warpgroup lane, evenly, in multiples of 8, at most 256."""
+    return int(min(256, (512 - self.producer_registers) / self.consumers) // 8 * 8)
+
+  def out_slots(self, glu: bool = False) -> int:
+    """Store buffers per warpgroup: 2 where the pieces a tile stores pair up (a
+    fused GLU stores half its chunks), else 1 (a tile's first store must not find
+    its buffer still read by the last tile's)."""
+    wm, wn = self.wg_tile()
+    cm, cn = self.chunk()
+    pieces = (wm // cm) * (wn // cn) * (cn // self.epi_tile_n) // (2 if glu else 1)
+    return 2 if pieces % 2 == 0 else 1
+
+  def smem_bytes(self, out_dtype, c_dtype=None) -> int:
+    out_dtype, c_dtype = kernel_dtypes(self, out_dtype, c_dtype)
+    stage = (self.tile_m + self.tile_n) * K_BLOCK * self.k_step
+    epi = (self.consumers * self.out_slots() * CHUNK_M * self.epi_tile_n
+           * np.dtype(out_dtype).itemsize)
+    if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
+      epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
+    staged = 2 * self.a_scale_window * self.k_step * self.tile_m * 4  # at most
+    return self.stages * stage + epi + staged + 1024  # barriers and alignment slack
+
+  def window_steps(self, k_steps: int) -> int:
+    """K steps per staged a-scale window of a pass of k_steps: the largest divisor
+    of k_steps up to a_scale_window; 0 (a-scales from GMEM) if not staged or if
+    that is under half the window asked for (e.g. a prime number of steps)."""
+    want = min(self.a_scale_window, k_steps)
+    window = max((w for w in range(1, want + 1) if k_steps % w == 0), default=0)
+    return window if 2 * window >= want else 0
+
+
+def launch_registers(warpgroups: int) -> int:
+  """Registers per thread a CTA of this many warpgroups is launched with: the
+  64K register file over its threads, in multiples of 8 (384 threads: 168)."""
+  return min(255, 65536 // (128 * warpgroups)) // 8 * 8
+
+
+def kernel_dtypes(cfg: HopperConfig, out_dtype, c_dtype):
+  """(output dtype, c dtype) of the kernel itself: split-K kernels write float32
+  partials and leave c to the reduction."""
+  if cfg.split_k > 1:
+    return np.dtype(jnp.float32), None
+  return np.dtype(out_dtype), c_dtype
