@@ -41,7 +41,7 @@ _EXPLORED_LARGE_M_TILES = ((128, 128, "n", 2), (64, 256, "n", 2), (256, 128, "m"
 # (128 x 256): 72 leaves the consumers 216, where ptxas's K loop does not spill.
 _TWO_CHUNK_PRODUCER_REGISTERS = 72
 # K steps per staged a-scale window of the wide 128 x 192 tiles (HopperConfig.
-# a_scale_window): their warpgroups read a-scales from SMEM, 2-4% faster than
+# a_scale_window): their warpgroups read a-scales from SMEM, 2-3% faster than
 # from GMEM; 128 x 256 tiles (two chunk rows per warpgroup) were 8-10% slower so.
 _WIDE_TILE_A_SCALE_WINDOW = 4
 # Up to this many K blocks the epilogue is a large part of a tile's time and

@@ -46,7 +46,8 @@ def main() -> int:
   for _ in range(args.calls):
     out = f(a, a_scale, b, b_scale)
   out.block_until_ready()
-  print(f"one_call: {args.shape} {args.variant or args.backend} x{args.calls}: out {out.shape} {out.dtype}, "
+  print(f"one_call: {args.shape} {args.variant or args.backend} x{args.calls}: "
+        f"out {out.shape} {out.dtype}, "
         f"finite: {bool(jnp.isfinite(out.astype(jnp.float32)).all())}")
   return 0
 
