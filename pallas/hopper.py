@@ -45,7 +45,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax_fp8.pallas import device, problem, quant_math
 from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, gate_activation,
                                    pad_for_tma, tiled, unsupported_reason)
-from jax_fp8.pallas.hopper_config import CHUNK_M, HopperConfig
+# kernel_dtypes: also imported from here by earlier revisions' hopper_tiling.py
+# (tools/tiling_picks.py --rev loads them against this tree).
+from jax_fp8.pallas.hopper_config import CHUNK_M, HopperConfig, kernel_dtypes  # noqa: F401
 from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline, Stage
 from jax_fp8.pallas.recipe import zero_unless
 

@@ -5,6 +5,7 @@ window of a pass). pallas/hopper.py runs a config; pallas/hopper_tiling.py picks
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +13,8 @@ import numpy as np
 from jax_fp8.pallas.common import K_BLOCK, SCALE_N
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
-WIDE_PIECE_N = 64      # columns of a promoted piece of a wide chunk
+WIDE_PIECE_N = 64      # columns of a promoted piece of a wide chunk (at most)
+MIN_PIECE_N = 32       # ... at least (a tile of 160 columns: 32, as its offsets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +44,13 @@ class HopperConfig:
   every warpgroup loads the next step's scales after its promotion; False
   (decode): a one-part warpgroup carries both and multiplies at promotion, off
   the step's tail, and one-block steps load the next step's scales at their top.
-  wide_chunks: a warpgroup's whole column range (up to 256, a multiple of 64) is
-  one WGMMA chunk, promoted in 64-column pieces (each within one 128-row block
-  of b, whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks
-  (B is read from SMEM once for them all), e.g. 128 x 192 tiles split by rows.
+  wide_chunks: a warpgroup's whole column range (up to 256, a multiple of 32) is
+  one WGMMA chunk, promoted in pieces of 64 columns, or of 32 where the tile's
+  width is not a multiple of 64 (each piece within one 128-row block of b,
+  whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks (B is
+  read from SMEM once for them all), e.g. 128 x 192 tiles split by rows; tiles
+  of 160 columns balance the waves where N = 4096 (26 column tiles), though no
+  default tiling takes them (benchmarks/RESULTS.md, 2026-11-26).
   a_scale_window: 0, or the most K steps whose a-scales the producer stages at
   once: it loads the tile's (tile_m, window) block of a_scale from GMEM and
   stores it transposed into a 2-slot SMEM ring, so that a consumer's scales of
@@ -82,8 +87,12 @@ class HopperConfig:
 
   def piece_n(self) -> int:
     """Columns of one promoted piece of a chunk (one float32 accumulator array):
-    the chunk, or 64 of a wide chunk."""
-    return WIDE_PIECE_N if self.wide_chunks else self.chunk()[1]
+    the chunk, or up to 64 of a wide chunk: every piece's columns lie in one
+    128-row block of b when the piece width divides 128, the tile's width (the
+    tiles' offsets) and the warpgroup's."""
+    if not self.wide_chunks:
+      return self.chunk()[1]
+    return min(WIDE_PIECE_N, math.gcd(SCALE_N, self.tile_n, self.wg_tile()[1]))
 
   def check(self):
     """Raises ValueError naming the field if this tiling cannot be built."""
@@ -101,9 +110,9 @@ class HopperConfig:
     if wm % CHUNK_M or wm < CHUNK_M:
       raise ValueError(f"each warpgroup's rows ({wm}) must be a multiple of {CHUNK_M}")
     if self.wide_chunks:
-      if wn % WIDE_PIECE_N or wn > 256:
-        raise ValueError(f"wide_chunks: each warpgroup's columns ({wn}) must be a multiple of "
-                         f"{WIDE_PIECE_N} and at most 256 (one WGMMA)")
+      if wn % MIN_PIECE_N or self.tile_n % MIN_PIECE_N or wn > 256:
+        raise ValueError(f"wide_chunks: the tile's and each warpgroup's columns ({self.tile_n}, "
+                         f"{wn}) must be multiples of {MIN_PIECE_N}, at most 256 (one WGMMA)")
     elif wn < 16 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
       raise ValueError(f"each warpgroup's columns ({wn}) must be >= 16 and divide or be a "
                        "multiple of 128")

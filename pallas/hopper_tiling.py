@@ -8,13 +8,15 @@ The candidates of a shape, in the cost model's order (the default first):
   each with one- and two-block pipeline steps; K cut into 2 or 4 ranges; pairs
   of 128-row CTAs sharing their A tile (with two-block steps, one stage more).
 - larger M: the problem's tile table (hopper_cost.large_m_tiles: dense, ragged
-  groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
+  groups, masked groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
   4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks).
 - what autotuning also tries (the model has no measurement for it, so it is
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
 Every candidate is completed the same way: the widest epilogue store, the
 producer's registers, the ring fitted into SMEM. Grouped schedulers take no K
-splits and no clusters (`_grouped_allows`).
+splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
+capacity: the rows that exist are known on the device only, so its estimate
+is the mean over fills of the capacity (hopper_cost.MASKED_FILLS).
 
 The measurements behind the model are in benchmarks/RESULTS.md ("Hopper tiling
 rules"); the code keeps the reasons.
@@ -100,7 +102,7 @@ def _order_and_scales(m: int) -> dict:
   return dict(grid_minor="n" if m >= 1024 else "m", scale_product=m > hopper_cost.DECODE_MAX_M)
 
 
-def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool):
+def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
   """(tile, fields, deeper) of every candidate form of a problem before it is
   completed: HopperConfig fields, and the ring's stages past ring_stages (where
   the fields do not give them)."""
@@ -128,7 +130,8 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool):
             yield t, dict(base, split_k=split_k, k_step=2), 0
   else:
     base = _order_and_scales(m)
-    tiles = hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows, row_masks=row_masks)
+    tiles = hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows, row_masks=row_masks,
+                                      masked=masked)
     if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
     for t in tiles:
@@ -157,7 +160,8 @@ def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
   cands = candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype,
                             b_scale_rows=b_scale_rows, groups=groups, grouped=grouped,
                             row_masks=row_masks)
-  return min(cands, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, hopper.num_sms()))
+  return min(cands, key=_estimate(m, n, k, groups, b_scale_rows, row_masks,
+                                  _is_masked(grouped, row_masks), hopper.num_sms()))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -165,8 +169,9 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
             num_sms) -> tuple[HopperConfig, ...]:
   """candidate_configs for one device (its SM count), computed once."""
   out, seen = [], set()
+  masked = _is_masked(grouped, row_masks)
   for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
-                                                          row_masks=row_masks):
+                                                          row_masks=row_masks, masked=masked):
     wide = (tm, tn, split, consumers) in hopper_cost.WIDE_TILES
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                        wide_chunks=wide, a_scale_window=_WIDE_TILE_A_SCALE_WINDOW if wide else 0,
@@ -183,12 +188,19 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     if cfg.smem_bytes(out_dtype, c_dtype) <= SMEM_BYTES and cfg not in seen:
       seen.add(cfg)
       out.append(cfg)
-  return tuple(sorted(out, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, num_sms)))
+  return tuple(sorted(out, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, masked,
+                                         num_sms)))
 
 
-def _estimate(m, n, k, groups, b_scale_rows, row_masks, num_sms):
+def _is_masked(grouped: bool, row_masks: bool) -> bool:
+  """A grouped scheduler without row masks: masked groups (M is their capacity)."""
+  return grouped and not row_masks
+
+
+def _estimate(m, n, k, groups, b_scale_rows, row_masks, masked, num_sms):
   return lambda cfg: hopper_cost.estimated_time_us(
-      cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks, num_sms=num_sms)
+      cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks, masked=masked,
+      num_sms=num_sms)
 
 
 def _tune_key(m, n, k, out_dtype, c_dtype) -> str:

@@ -42,6 +42,10 @@ H_WIDE_CHUNK = hopper.HopperConfig(tile_m=128, tile_n=192, wg_split="m", stages=
                                    wide_chunks=True)
 # ... with the a-scales staged in SMEM by the producer (3-step windows over K=300).
 H_WIDE_STAGED = dataclasses.replace(H_WIDE_CHUNK, a_scale_window=4)
+# 128 x 160 tiles: wide chunks in 32-column parts (a tile's offset is a multiple
+# of 32: a part never straddles two 128-row blocks of b).
+H_WIDE_160 = hopper.HopperConfig(tile_m=128, tile_n=160, wg_split="m", stages=2, num_sms=2,
+                                 wide_chunks=True, epi_tile_n=32)
 B_SMALL = blackwell.BlackwellConfig(tile_n=64, input_stages=2, num_ctas=3, epi_tile_n=32)
 B_WIDE = blackwell.BlackwellConfig(tile_n=256, input_stages=2, tmem_stages=2, num_ctas=2)
 
@@ -113,6 +117,7 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
     # a 64 x 192 wide chunk per warpgroup, per-row scales in 64-column pieces
     ("sm90", H_WIDE_CHUNK, 136, 400, 850, F32),
     ("sm90", H_WIDE_STAGED, 136, 400, 768, F32),           # ... a-scales staged in SMEM
+    ("sm90", H_WIDE_160, 136, 400, 850, F32),              # 32-column parts; 3 column tiles
     ("sm100", B_SMALL, 130, 200, 300, F32),
     ("sm100", B_WIDE, 100, 300, 256, BF16),
 ])
@@ -138,6 +143,7 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", H_THREE_M, 400, [100, 191, 0, 1, 60]),            # three consumers, 192-row tiles
     ("sm90", H_WIDE_CHUNK, 300, [129, 127, 0, 1]),             # one 64 x 192 WGMMA per warpgroup
     ("sm90", H_WIDE_STAGED, 300, [129, 127, 0, 1]),            # a-scales staged: a window per pass
+    ("sm90", H_WIDE_160, 300, [129, 127, 0, 1]),
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),
     ("sm100", B_SMALL, 200, [-5, 129, 3]),                     # a negative size counts as 0
@@ -156,6 +162,7 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", H_SPLIT_M, 130, [129, 1], BF16),
     ("sm90", H_WIDE_CHUNK, 130, [129, 1], BF16),
     ("sm90", H_WIDE_STAGED, 130, [129, 1], BF16),
+    ("sm90", dataclasses.replace(H_WIDE_160, a_scale_window=4), 130, [129, 1], BF16),
     ("sm90", dataclasses.replace(H_SMALL, k_step=2), 64, [64, 5, 200], F32),  # clamped to M
     ("sm100", B_SMALL, 130, [0, 130, 37], F32),
 ])

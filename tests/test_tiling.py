@@ -123,22 +123,24 @@ FROZEN_PICKS = [
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1142 -> 1197 TFLOP/s at bf16)
     (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide aw4': 'bf16',
                                    '128x192m2 s3 e32 on wide aw4': 'f32'}),
-    (1024, 4096, 7168, 'masked x1', {'128x256n2 s3 e64 on p72': 'bf16',
-                                     '128x256n2 s3 e32 on p72': 'f32'}),
-    (512, 4096, 7168, 'masked x2', {'128x256n2 s3 e64 om p72': 'bf16',
-                                    '128x256n2 s3 e32 om p72': 'f32'}),
-    (256, 4096, 7168, 'masked x4', {'128x256n2 s3 e64 om p72': 'bf16',
-                                    '128x256n2 s3 e32 om p72': 'f32'}),
+    # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
+    # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M
+    (1024, 4096, 7168, 'masked x1', {'192x128m3 s3 e64 on': 'bf16',
+                                     '192x128m3 s3 e32 on': 'f32'}),
+    (512, 4096, 7168, 'masked x2', {'192x128m3 s3 e64 om': 'bf16',
+                                    '192x128m3 s3 e32 om': 'f32'}),
+    (256, 4096, 7168, 'masked x4', {'192x128m3 s3 e64 om': 'bf16',
+                                    '192x128m3 s3 e32 om': 'f32'}),
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
                                     '64x256n2 s3 e32 om sep': 'f32'}),
     (32768, 7168, 2048, 'ragged', {'192x128m3 s3 e64 on': 'bf16',
                                    '192x128m3 s3 e32 on': 'f32'}),
-    (1024, 7168, 2048, 'masked x1', {'128x256n2 s3 e128 on p72': 'bf16',
-                                     '128x256n2 s3 e64 on p72': 'f32'}),
-    (512, 7168, 2048, 'masked x2', {'128x256n2 s3 e128 om p72': 'bf16',
-                                    '128x256n2 s3 e64 om p72': 'f32'}),
-    (256, 7168, 2048, 'masked x4', {'128x256n2 s3 e128 om p72': 'bf16',
-                                    '128x256n2 s3 e64 om p72': 'f32'}),
+    (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on': 'bf16',
+                                     '192x128m3 s3 e32 on': 'f32'}),
+    (512, 7168, 2048, 'masked x2', {'192x128m3 s3 e64 om': 'bf16',
+                                    '192x128m3 s3 e32 om': 'f32'}),
+    (256, 7168, 2048, 'masked x4', {'192x128m3 s3 e64 om': 'bf16',
+                                    '192x128m3 s3 e32 om': 'f32'}),
     (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
                                     '64x256n2 s3 e64 om sep': 'f32'}),
     (7168, 18432, 4096, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
@@ -196,7 +198,8 @@ def test_default_is_the_cheapest_candidate():
     def estimate(cfg):
       return hopper_cost.estimated_time_us(
           cfg, m, n, k, kw.get("groups", 1), b_scale_rows=kw.get("b_scale_rows", 128),
-          row_masks=kw.get("row_masks", False))
+          row_masks=kw.get("row_masks", False),
+          masked=kw.get("grouped", False) and not kw.get("row_masks", False))
     cands = hopper_tiling.candidate_configs(m, n, k, **kw)
     cost = [estimate(c) for c in cands]
     default = hopper_tiling.default_config(m, n, k, **kw)
@@ -397,3 +400,22 @@ def test_ragged_warpgroups_hold_one_chunk():
       wm, wn = cfg.wg_tile()
       chunks = (wm // 64) * (wn // cfg.chunk()[1])
       assert chunks == 1, (m, n, k, cfg)
+
+
+def test_masked_tiles_at_large_m():
+  """Masked groups at large M take tiles of one 64-row chunk row per warpgroup
+  (a 128 x 256 tile ran 2.8-4x slower there), and their estimate follows the
+  rows a fill of M gives: the mean lies between half-full and full groups."""
+  for g, m, n, k in ((1, 1408, 4096, 7168), (2, 768, 4096, 7168), (4, 384, 7168, 2048),
+                     (8, 256, 4096, 7168)):
+    cands = hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True)
+    assert cands and all(c.wg_tile()[0] == hopper.CHUNK_M and (c.wide_chunks or
+                                                               c.wg_tile()[1] <= 128)
+                         for c in cands), (g, m, n, k)
+    best = cands[0]
+    est = lambda rows: hopper_cost.estimated_time_us(best, rows, n, k, g, masked=True)
+    half, full = (hopper_cost._time_us(best, r, n, k, g, 132, hopper_cost.MASKED_TILES)
+                  for r in (m // 2, m))
+    assert half <= est(m) <= full and half < full
+  # The dense rules keep 128 x 256 tiles at the same shape.
+  assert hopper_tiling.default_config(1024, 4096, 7168).tile_n == 256

@@ -39,6 +39,26 @@ def parse_variant(text: str) -> dict:
   return fields
 
 
+def variant_configs(base, variants: list[dict], label: str) -> dict:
+  """{"default": base, "field=value,...": variant, ...}: the variants the config
+  check accepts and whose SMEM fits (bf16 output); the others are reported."""
+  import jax.numpy as jnp
+  from jax_fp8.pallas.common import SMEM_BYTES
+  configs = {"default": base}
+  for fields in variants:
+    name = ",".join(f"{key}={value}" for key, value in fields.items())
+    try:
+      cfg = dataclasses.replace(base, **fields)
+      cfg.check()
+      if cfg.smem_bytes(jnp.bfloat16) > SMEM_BYTES:
+        raise ValueError(f"needs {cfg.smem_bytes(jnp.bfloat16)} B of SMEM > {SMEM_BYTES}")
+    except (TypeError, ValueError) as e:
+      print(f"{label} {name}: refused: {e}")
+      continue
+    configs[name] = cfg
+  return configs
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shapes", required=True, help="comma list of MxNxK")
@@ -50,25 +70,13 @@ def main(argv=None) -> int:
   sys.path.insert(0, os.path.dirname(__file__))
   import jax.numpy as jnp
   from jax_fp8.pallas import hopper_tiling
-  from jax_fp8.pallas.common import SMEM_BYTES
   from tiling_picks import time_pair
 
   variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
   for shape in args.shapes.split(","):
     m, n, k = (int(x) for x in shape.lower().split("x"))
     base = hopper_tiling.default_config(m, n, k, out_dtype=jnp.bfloat16)
-    configs = {"default": base}
-    for fields in variants:
-      name = ",".join(f"{key}={value}" for key, value in fields.items())
-      try:
-        cfg = dataclasses.replace(base, **fields)
-        cfg.check()
-        if cfg.smem_bytes(jnp.bfloat16) > SMEM_BYTES:
-          raise ValueError(f"needs {cfg.smem_bytes(jnp.bfloat16)} B of SMEM > {SMEM_BYTES}")
-      except (TypeError, ValueError) as e:
-        print(f"{shape} {name}: refused: {e}")
-        continue
-      configs[name] = cfg
+    configs = variant_configs(base, variants, shape)
     times = time_pair(m, n, k, {"out_dtype": jnp.dtype(jnp.bfloat16)}, list(configs.values()),
                       rounds=args.rounds, iters=args.iters)
     flop = 2 * m * n * k

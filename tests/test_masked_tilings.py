@@ -1,0 +1,38 @@
+"""tools/masked_tilings.py: its case syntax, its fills, and one run in GPU interpret
+mode (the timings mean nothing there; the path through the kernel does)."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from jax_fp8 import testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import masked_tilings  # noqa: E402
+
+
+def test_cases_parse_or_say_why():
+  assert masked_tilings.parse_case("4x384x7168x2048") == (4, 384, 7168, 2048)
+  for bad in ("4x384x7168", "4x0x7168x2048", "ax384x7168x2048"):
+    with pytest.raises(ValueError, match="GxCAPACITYxNxK"):
+      masked_tilings.parse_case(bad)
+
+
+def test_fills_span_half_to_all_of_the_capacity():
+  fills = masked_tilings.draws(8, 384, 50)
+  rows = np.concatenate(fills)
+  assert len(fills) == 50 and all(f.shape == (8,) and f.dtype == np.int32 for f in fills)
+  assert rows.min() >= 192 and rows.max() <= 384 and rows.max() - rows.min() > 150
+  assert all((a == b).all() for a, b in zip(fills, masked_tilings.draws(8, 384, 50)))
+
+
+def test_runs_in_interpret_mode(tmp_path):
+  out = tmp_path / "rows.json"
+  with testing.gpu_interpret_mode():
+    masked_tilings.main(["--cases=2x64x128x256", "--draws=1", "--iters=1",
+                         "--variants=stages=3; tile_n=100", f"--json_out={out}"])
+  rows = json.loads(out.read_text())
+  assert [r["config"] for r in rows] == ["default", "stages=3"]   # tile_n=100: refused
+  assert all(len(r["us"]) == 1 and r["us"][0] > 0 for r in rows)

@@ -1,0 +1,87 @@
+"""Times Hopper tilings of masked grouped GEMMs over random fills: the rows of a
+masked GEMM (masked_m) are known on the device only, so a tiling is judged by its
+mean time over fills, not at one draw. On the GPU machine.
+
+    python3 tools/masked_tilings.py --cases=1x1408x4096x7168,4x384x7168x2048 \\
+        --variants="tile_m=192,tile_n=128,consumers=3,a_scale_window=0,wide_chunks=False" \\
+        --draws=6
+
+A case is GxCAPACITYxNxK. Each draw gives every group masked_m uniform in
+[capacity / 2, capacity] (seeded). A variant is a comma list of HopperConfig fields
+replaced in the case's default (pallas/hopper_tiling.default_config), variants
+separated by ';' (tools/compare_configs.py's syntax); the default is always timed.
+One compilation per config: masked_m is a device array, so the draws only change
+operands. Prints each config's time per draw and its mean (kernel time through
+CUPTI, operands rotated past the L2); --json_out writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def parse_case(text: str) -> tuple[int, int, int, int]:
+  """'4x384x7168x2048' -> (groups, capacity, n, k)."""
+  parts = text.lower().split("x")
+  if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise ValueError(f"a case is GxCAPACITYxNxK of positive integers, got {text!r}")
+  g, cap, n, k = (int(p) for p in parts)
+  return g, cap, n, k
+
+
+def draws(groups: int, capacity: int, count: int, seed: int = 0) -> list[np.ndarray]:
+  """`count` masked_m vectors, each group's rows uniform in [capacity / 2, capacity]."""
+  rng = np.random.default_rng([seed, groups, capacity])
+  return [np.floor(capacity * rng.uniform(0.5, 1.0, groups)).astype(np.int32)
+          for _ in range(count)]
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--cases", required=True, help="comma list of GxCAPACITYxNxK")
+  p.add_argument("--variants", default="", help="';'-separated HopperConfig field variants")
+  p.add_argument("--draws", type=int, default=6)
+  p.add_argument("--iters", type=int, default=15)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--json_out", default=None)
+  args = p.parse_args(argv)
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+  sys.path.insert(0, os.path.dirname(__file__))
+  import jax.numpy as jnp
+  from compare_configs import parse_variant, variant_configs
+  from jax_fp8.pallas import autotune, hopper, hopper_tiling
+
+  variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
+  rng = np.random.default_rng(args.seed)
+  rows = []
+  for case in args.cases.split(","):
+    g, cap, n, k = parse_case(case)
+    kb, nb = -(-k // 128), -(-n // 128)
+    fp8 = lambda *s: jnp.asarray(rng.standard_normal(s).astype(np.float32) * 64).astype(
+        jnp.float8_e4m3fn)
+    scales = lambda *s: jnp.asarray(np.exp2(rng.uniform(-12, -4, size=s)).astype(np.float32))
+    operands = (fp8(g, cap, k), scales(g, cap, kb), fp8(g, n, k), scales(g, nb, kb))
+    fills = draws(g, cap, args.draws, args.seed)
+    base = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True)
+    configs = variant_configs(base, variants, case)
+    print(f"{case}: masked_m draws {[f.tolist() for f in fills]}; default {base}", flush=True)
+    for name, cfg in configs.items():
+      fn = functools.partial(hopper.masked_dot, out_dtype=jnp.bfloat16, config=cfg)
+      us = [1e3 * autotune.kernel_time_ms(fn, (*operands, jnp.asarray(f)), iters=args.iters)
+            for f in fills]
+      print(f"  {name:60s} mean {np.mean(us):8.1f} us | {' '.join(f'{t:7.1f}' for t in us)}",
+            flush=True)
+      rows.append(dict(case=case, config=name, masked_m=[f.tolist() for f in fills], us=us))
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump(rows, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
