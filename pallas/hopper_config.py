@@ -110,9 +110,9 @@ class HopperConfig:
     if wm % CHUNK_M or wm < CHUNK_M:
       raise ValueError(f"each warpgroup's rows ({wm}) must be a multiple of {CHUNK_M}")
     if self.wide_chunks:
-      if wn % MIN_PIECE_N or self.tile_n % MIN_PIECE_N or wn > 256:
-        raise ValueError(f"wide_chunks: the tile's and each warpgroup's columns ({self.tile_n}, "
-                         f"{wn}) must be multiples of {MIN_PIECE_N}, at most 256 (one WGMMA)")
+      if wn % MIN_PIECE_N:  # (tile_n <= 256 below: one WGMMA)
+        raise ValueError(f"wide_chunks: each warpgroup's columns ({wn}) must be a multiple of "
+                         f"{MIN_PIECE_N}")
     elif wn < 16 or (wn > SCALE_N and wn % SCALE_N) or (wn < SCALE_N and SCALE_N % wn):
       raise ValueError(f"each warpgroup's columns ({wn}) must be >= 16 and divide or be a "
                        "multiple of 128")

@@ -228,6 +228,13 @@ def test_config_validation():
     hopper.HopperConfig(tile_m=64, a_scale_window=4).check()
   with pytest.raises(ValueError, match="a_scale_window"):
     hopper.HopperConfig(a_scale_window=33).check()
+  # Wide chunks: a warpgroup's columns in parts of 64, or of 32 where the tile's
+  # offsets are multiples of 32 only (a part never straddles two b-scale blocks).
+  with pytest.raises(ValueError, match="multiple of 32"):
+    hopper.HopperConfig(tile_n=176, wg_split="m", wide_chunks=True).check()
+  wide = lambda tn, split="m": hopper.HopperConfig(tile_n=tn, wg_split=split, wide_chunks=True)
+  assert [wide(tn).piece_n() for tn in (160, 192, 224, 256)] == [32, 64, 32, 64]
+  assert wide(192, "n").piece_n() == 32 and wide(256, "n").piece_n() == 64   # 96 / 128 each
   # Registers past the 168 per thread a 3-warpgroup CTA launches with would make
   # the consumers' setmaxnreg.inc wait forever (it hung on the H100).
   with pytest.raises(ValueError, match="hang"):
