@@ -59,7 +59,8 @@ def _chunks_per_warpgroup(cfg: HopperConfig) -> int:
 
 
 def _grouped_allows(cfg: HopperConfig) -> bool:
-  """Grouped schedulers take no K splits and no clusters."""
+  """Grouped schedulers take no K splits and no clusters (masked ones can run
+  pairs of CTAs, unmeasured: an explicit config only)."""
   return cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
 
 

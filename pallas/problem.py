@@ -136,10 +136,13 @@ def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
                 out_type, finish)
 
 
-def _check_grouped(t: Tiling):
-  if t.split_k != 1 or t.cluster_m * t.cluster_n != 1:
-    raise ValueError("grouped GEMMs take no K splits and no clusters (split_k=1, "
-                     f"cluster_m=cluster_n=1), got {t}")
+def _check_grouped(t: Tiling, clusters: bool = False):
+  """Grouped GEMMs take no K splits; clusters only where the scheduler pairs
+  tiles of one group (masked)."""
+  if t.split_k != 1:
+    raise ValueError(f"grouped GEMMs take no K splits (split_k=1), got {t}")
+  if not clusters and t.cluster_m * t.cluster_n != 1:
+    raise ValueError(f"ragged grouped GEMMs take no clusters (cluster_m=cluster_n=1), got {t}")
 
 
 def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Launch:
@@ -162,12 +165,13 @@ def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Laun
 def masked(t: Tiling, a, a_scale, b, b_scale, masked_m, *, out_dtype) -> Launch:
   """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g]
   rows exist (the rest are stored as zeros). Result [G, M, N]."""
-  _check_grouped(t)
+  _check_grouped(t, clusters=True)
   g, m, k = a.shape
   n = b.shape[1]
   ops = t.pad(a, a_scale, b, None, out_dtype)
   sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
-                                    grid_minor=t.grid_minor, group=t.group, groups=g)
+                                    grid_minor=t.grid_minor, group=t.group, groups=g,
+                                    cluster_m=t.cluster_m, cluster_n=t.cluster_n)
   rows = jnp.clip(masked_m.astype(jnp.int32), 0, m)
   return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True),
                 (ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,

@@ -21,7 +21,7 @@ Schedulers (see next-wave-notes.md, DeepGEMM's GemmType):
   partial output group) and CTA clusters sharing A or B by multicast.
 - `MaskedScheduler`: G independent GEMMs of M rows each (a [G, M, K]); only
   the first masked_m[g] rows of group g exist. Tiles wholly past masked_m have
-  no K pass (they are stored as zeros).
+  no K pass (they are stored as zeros); optionally in CTA clusters as above.
 - `RaggedScheduler`: one [M, K] activation whose rows are cut into G
   contiguous groups of any size, group g multiplied by b[g]. A tile whose rows
   span several groups runs one K pass per group, each pass changing only its
@@ -149,23 +149,36 @@ class DenseScheduler(_Walk):
 @dataclasses.dataclass(frozen=True)
 class MaskedScheduler(_Walk):
   """G GEMMs of up to M rows (a [G, M, K], b [G, N, K]); group g has masked_m[g]
-  rows (masked_m: an int32 GMEM ref, already clamped to [0, M])."""
+  rows (masked_m: an int32 GMEM ref, already clamped to [0, M]).
+
+  Optionally in clusters of 2 CTAs within a group: vertically adjacent tiles
+  sharing B (cluster_m) or side by side sharing A (cluster_n). A cluster runs
+  its K pass if its first tile holds rows: its CTAs load in step for the
+  multicast, and a tile past masked_m (or past M) is stored as zeros.
+  """
   groups: int = 1
   masked_m: Any = None
+  cluster_m: int = 1
+  cluster_n: int = 1
 
   @property
   def num_units(self) -> int:
-    return self.groups * self.m_tiles * self.n_tiles
+    return (self.groups * pl.cdiv(self.m_tiles, self.cluster_m)
+            * pl.cdiv(self.n_tiles, self.cluster_n))
 
   def tile(self, unit, cluster_index) -> Tile:
-    del cluster_index
-    per_group = self.m_tiles * self.n_tiles
-    g, lin = lax.div(unit, i32(per_group)), lax.rem(unit, i32(per_group))
-    mi, ni = _snake(lin, self.m_tiles, self.n_tiles, self.grid_minor, self.group)
+    m_units = pl.cdiv(self.m_tiles, self.cluster_m)
+    n_units = pl.cdiv(self.n_tiles, self.cluster_n)
+    g, lin = lax.div(unit, i32(m_units * n_units)), lax.rem(unit, i32(m_units * n_units))
+    pair, ni = _snake(lin, m_units, n_units, self.grid_minor, self.group)
+    mi = pair * self.cluster_m + cluster_index if self.cluster_m > 1 else pair
+    if self.cluster_n > 1:
+      ni = ni * self.cluster_n + cluster_index
     rows = self.masked_m[g]
     m0 = mi * self.tile_m
+    first_m0 = pair * (self.cluster_m * self.tile_m) if self.cluster_m > 1 else m0
     return Tile(m0=m0, n0=ni * self.tile_n, a_group=g, out_group=g, k0=i32(0),
-                passes=(m0 < rows).astype(i32), row_end=rows)
+                passes=(first_m0 < rows).astype(i32), row_end=rows)
 
   def tile_pass(self, tile: Tile, p) -> TilePass:
     del p

@@ -20,7 +20,7 @@ import pytest
 from conftest import requires_gpu
 
 from jax_fp8 import testing
-from jax_fp8.pallas import blackwell, hopper, sm90
+from jax_fp8.pallas import blackwell, hopper, hopper_tiling, sm90
 from test_quantize_kernels import model_1x128
 
 FP8 = jnp.float8_e4m3fn
@@ -164,6 +164,10 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", H_WIDE_STAGED, 130, [129, 1], BF16),
     ("sm90", dataclasses.replace(H_WIDE_160, a_scale_window=4), 130, [129, 1], BF16),
     ("sm90", dataclasses.replace(H_SMALL, k_step=2), 64, [64, 5, 200], F32),  # clamped to M
+    # pairs of CTAs sharing B (3 row tiles: a pair's second CTA runs past M, and past
+    # masked_m where its first holds rows) or sharing A (one pair of column tiles)
+    ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_m=2), 130, [0, 130, 37, 65], F32),
+    ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_n=2), 130, [0, 130, 37], BF16),
     ("sm100", B_SMALL, 130, [0, 130, 37], F32),
 ])
 def test_masked(arch, cfg, m, masked_m, out_dtype):
@@ -278,6 +282,10 @@ def test_variants_lower_for_cuda(arch):
   masked = (s((g, 100, k), FP8), s((g, 100, 13), jnp.float32), s((g, n, k), FP8),
             s((g, 17, 13), jnp.float32), s((g,), jnp.int32))
   _lower(lambda *xs: mod.masked_dot(*xs, out_dtype=BF16, config=cfg), *masked)
+  if arch == "sm90":  # pairs of CTAs sharing B within a group
+    pairs = dataclasses.replace(hopper_tiling.default_config(100, n, k, groups=g, grouped=True),
+                                cluster_m=2)
+    _lower(lambda *xs: mod.masked_dot(*xs, out_dtype=BF16, config=pairs), *masked)
   dense = (s((4096, k), FP8), s((4096, 13), jnp.float32), s((n, k), FP8), s((17, 13), jnp.float32))
   for power_of_two in (False, True):
     _lower(lambda a, sa, b, sb: mod.blockwise_fp8_dot(
