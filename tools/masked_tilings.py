@@ -3,8 +3,8 @@ masked GEMM (masked_m) are known on the device only, so a tiling is judged by it
 mean time over fills, not at one draw. On the GPU machine.
 
     python3 tools/masked_tilings.py --cases=1x1408x4096x7168,4x384x7168x2048 \\
-        --variants="tile_m=192,tile_n=128,consumers=3,a_scale_window=0,wide_chunks=False" \\
-        --draws=6
+        --draws=6 --variants="cluster_m=2; \\
+        tile_m=128,tile_n=192,consumers=2,wide_chunks=True,a_scale_window=4"
 
 A case is GxCAPACITYxNxK. Each draw gives every group masked_m uniform in
 [capacity / 2, capacity] (seeded). A variant is a comma list of HopperConfig fields
