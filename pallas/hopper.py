@@ -75,7 +75,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   k_steps = pl.cdiv(prob.k_blocks, k_step)
   window = cfg.window_steps(k_steps)  # K steps per staged a-scale window, or 0
   cluster_axes = ("cluster",) if cfg.cluster_m * cfg.cluster_n > 1 else ()
-  sched = dataclasses.replace(prob.scheduler, **meta)  # its metadata refs (grouped)
+  sched = dataclasses.replace(prob.scheduler, **meta)  # its GMEM refs (tables; _run: units_ref)
   out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   fp8 = a_gmem.dtype
   cm, cn = cfg.chunk()
@@ -105,26 +105,32 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
     cluster_index = lax.axis_index("cluster") if cluster_axes else i32(0)
     wg = lax.axis_index("wg")
+    # Where _run gives the unit count as a GMEM ref, the consumers read it; the
+    # producer walks the same units by the constant count (its unrolled walk
+    # stayed within its registers; with the loaded count it spilled at 72).
+    producer_sched = dataclasses.replace(sched, units_ref=None)
 
     def for_each_pass(body, step):
       """body(tile, tile_pass, step0) over this CTA's tiles and K passes, in
       order; step0 is the pass's first pipeline step. Returns the steps run."""
+      walk = producer_sched
+
       def tile_body(i, step):
-        tile = sched.tile(cta + i * num_ctas, cluster_index)
-        if sched.static_passes:
-          body(tile, sched.tile_pass(tile, 0), step)
+        tile = walk.tile(cta + i * num_ctas, cluster_index)
+        if walk.static_passes:
+          body(tile, walk.tile_pass(tile, 0), step)
           return step + i32(k_steps)
 
         def pass_body(p, step):
-          body(tile, sched.tile_pass(tile, p), step)
+          body(tile, walk.tile_pass(tile, p), step)
           return step + i32(k_steps)
         return lax.fori_loop(i32(0), tile.passes, pass_body, step)
-      return lax.fori_loop(i32(0), sched.local_units(cta, num_ctas), tile_body, step)
+      return lax.fori_loop(i32(0), walk.local_units(cta, num_ctas), tile_body, step)
 
     @pl.when(wg == consumers)
     def _producer():
       plgpu.set_max_registers(cfg.producer_registers, action="decrease")
-      total = sched.steps(cta, num_ctas, k_steps)
+      total = producer_sched.steps(cta, num_ctas, k_steps)
       with contextlib.ExitStack() as rings:
         produce = rings.enter_context(inputs.producer(total))
         if window:
@@ -477,7 +483,16 @@ class _Warpgroup:
 def _run(cfg: HopperConfig, launch: problem.Launch):
   """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
   cl = cfg.cluster_m * cfg.cluster_n
-  grid = min((cfg.num_sms or num_sms()) // cl, launch.problem.scheduler.num_units)
+  units = launch.problem.scheduler.num_units
+  grid = min((cfg.num_sms or num_sms()) // cl, units)
+  a, a_scale, b, b_scale, c, meta = launch.args
+  if units % grid == 0 and cfg.chunks_per_warpgroup() >= 2:
+    # Every CTA runs units / grid tiles: with that a constant, LLVM unrolled the
+    # consumers' tile loop into straight-line code, where ptxas spilled the K
+    # loop of warpgroups holding two chunks (128 x 256 tiles). The count is read
+    # at run time instead (scheduler._Walk.units_ref). Tiles of one chunk per
+    # warpgroup (decode) keep the constant: their straight-line code is faster.
+    meta = dict(meta, units_ref=np.full((1,), units, np.int32))
   kernel = plgpu.kernel(
       functools.partial(_kernel, cfg=cfg, prob=launch.problem),
       out_type=launch.out_type,
@@ -489,7 +504,7 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=False),
   )
-  return launch.finish(kernel(*launch.args))
+  return launch.finish(kernel(a, a_scale, b, b_scale, c, meta))
 
 
 def _tiling(cfg: HopperConfig) -> problem.Tiling:

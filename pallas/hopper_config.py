@@ -85,6 +85,11 @@ class HopperConfig:
     _, wn = self.wg_tile()
     return CHUNK_M, (wn if self.wide_chunks else min(wn, SCALE_N))
 
+  def chunks_per_warpgroup(self) -> int:
+    """WGMMA chunks (float32 accumulators of 64 rows) a consumer warpgroup holds."""
+    wm, wn = self.wg_tile()
+    return (wm // CHUNK_M) * -(-wn // self.chunk()[1])
+
   def piece_n(self) -> int:
     """Columns of one promoted piece of a chunk (one float32 accumulator array):
     the chunk, or up to 64 of a wide chunk: every piece's columns lie in one

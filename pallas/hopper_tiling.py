@@ -33,7 +33,7 @@ from jax.experimental import pallas as pl
 
 from jax_fp8.pallas import autotune, hopper, hopper_cost
 from jax_fp8.pallas.common import FP8_OUT, K_BLOCK, SCALE_N, SMEM_BYTES
-from jax_fp8.pallas.hopper_config import CHUNK_M, HopperConfig, kernel_dtypes
+from jax_fp8.pallas.hopper_config import HopperConfig, kernel_dtypes
 from jax_fp8.pallas.hopper_cost import chains_tiles, ring_stages  # noqa: F401 (API)
 
 # Tiles autotuning also tries that the model has no measurement for.
@@ -53,14 +53,9 @@ _SHORT_K_BLOCKS = 8
 _SHORT_K_BLOCKS_WIDE_TILE = 16
 
 
-def _chunks_per_warpgroup(cfg: HopperConfig) -> int:
-  wm, wn = cfg.wg_tile()
-  return (wm // CHUNK_M) * pl.cdiv(wn, cfg.chunk()[1])
-
-
 def _grouped_allows(cfg: HopperConfig) -> bool:
   """Grouped schedulers take no K splits and no clusters (masked ones can run
-  pairs of CTAs, unmeasured: an explicit config only)."""
+  pairs of CTAs: an explicit config only, no faster on our tiles; RESULTS.md)."""
   return cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
 
 
@@ -80,7 +75,7 @@ def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> Hoppe
 
 def _with_registers(cfg: HopperConfig) -> HopperConfig:
   """cfg with the producer's register count for its chunks per consumer."""
-  if cfg.consumers == 2 and _chunks_per_warpgroup(cfg) >= 2:
+  if cfg.consumers == 2 and cfg.chunks_per_warpgroup() >= 2:
     return dataclasses.replace(cfg, producer_registers=_TWO_CHUNK_PRODUCER_REGISTERS)
   return cfg
 

@@ -83,6 +83,9 @@ class _Walk:
   tile_n: int
   grid_minor: str = "n"
   group: int = 8      # planar-snake band width
+  # num_units as an int32 GMEM ref [1] to read at run time, or None: the
+  # constant (hopper._run gives it where the constant would unroll a loop).
+  units_ref: Any = None
 
   @property
   def m_tiles(self) -> int:
@@ -98,7 +101,8 @@ class _Walk:
   def local_units(self, cta, num_ctas):
     """Units of CTA `cta` of `num_ctas` (unit u goes to CTA u % num_ctas)."""
     cta, num_ctas = i32(cta), i32(num_ctas)
-    return lax.div(i32(self.num_units) - cta + num_ctas - 1, num_ctas)
+    units = i32(self.num_units) if self.units_ref is None else self.units_ref[0]
+    return lax.div(units - cta + num_ctas - 1, num_ctas)
 
   def steps(self, cta, num_ctas, steps_per_pass: int):
     """Pipeline steps of CTA `cta` over all its units (passes x steps_per_pass each)."""

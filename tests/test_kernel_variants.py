@@ -260,6 +260,30 @@ def test_grouped_configs_take_no_splits_or_clusters():
       hopper.ragged_dot(*args, out_dtype=F32, config=dataclasses.replace(H_SMALL, **bad))
 
 
+@pytest.mark.parametrize("cfg,m,n,masked,reads_count", [
+    (H_SPLIT_N, 200, 136, False, True),         # 4 tiles on 2 CTAs, two chunks per warpgroup
+    (H_SPLIT_N, 130, 136, True, True),          # masked: 2 groups x 2 tiles on 2 CTAs
+    (dataclasses.replace(H_SPLIT_N, num_sms=4), 330, 136, False, False),  # 6 tiles on 4
+    (H_SPLIT_M, 200, 136, False, False),        # one chunk per warpgroup: the constant
+])
+def test_unit_count_read_at_run_time(cfg, m, n, masked, reads_count):
+  """Where every CTA runs the same number of tiles, warpgroups of two chunks read
+  the count from GMEM (a constant count let LLVM unroll their tile loop, and ptxas
+  spilled the straight-line K loop): an int32[1] operand; right either way."""
+  if masked:
+    args, ref = _masked_operands(m, 2, m, n, 384, [m, 70])
+    fn = lambda *xs: hopper.masked_dot(*xs, out_dtype=F32, config=cfg)
+    ref = ref.reshape(-1, n)
+  else:
+    rng = np.random.default_rng(m)
+    args = (_fp8(rng, (m, 384)), _scales(rng, (m, 3)), _fp8(rng, (n, 384)), _scales(rng, (2, 3)))
+    fn = lambda *xs: hopper.blockwise_fp8_dot(*xs, None, beta=1.0, out_dtype=F32, config=cfg)
+    ref = testing.reference_f64(*args)
+  assert ("i32[1]" in str(jax.make_jaxpr(fn)(*args))) == reads_count
+  out = np.asarray(_interpret(fn, *args), np.float64)
+  testing.assert_close(out.reshape(-1, n), ref, F32)
+
+
 def _lower(fn, *avals):
   return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
 

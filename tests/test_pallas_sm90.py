@@ -324,7 +324,8 @@ def _gpu_check(m, n, k, out_dtype, with_c, seed=0):
 
 
 @requires_gpu(major=9)
-@pytest.mark.parametrize("m", (64, 128, 4096))
+# M = 512 / 1024: grids of one 128 x 256 tile per CTA (hopper._run reads their count)
+@pytest.mark.parametrize("m", (64, 128, 512, 1024, 4096))
 @pytest.mark.parametrize("n,k", DEEPSEEK_NK)
 def test_gpu_deepseek_shapes(m, n, k):
   _gpu_check(m, n, k, BF16, with_c=False, seed=m + n + k)
