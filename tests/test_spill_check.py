@@ -1,0 +1,54 @@
+"""tools/spill_check.py: its case syntax, how it reads a ptxas report, that every
+kind of case builds a kernel (lowered for CUDA, no GPU needed), and on a Hopper GPU
+that the default tilings compile without register spills where they once spilled
+(128 x 256 tiles on grids of one tile per CTA) and at benchmark shapes."""
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+from conftest import requires_gpu
+
+_TOOLS = os.path.join(os.path.dirname(__file__), "..", "tools")
+sys.path.insert(0, _TOOLS)
+import spill_check  # noqa: E402
+
+
+def test_cases_parse_or_say_why():
+  assert spill_check.parse_case("masked:4x384x7168x2048") == ("masked", (4, 384, 7168, 2048))
+  assert spill_check.parse_case(" glu8:128x256x512") == ("glu8", (128, 256, 512))
+  for bad in ("dense:4x384x7168x2048", "dense:0x1x1", "gemm:1x1x1", "1024x4096x7168"):
+    with pytest.raises(ValueError, match="KIND|positive integers"):
+      spill_check.parse_case(bad)
+  for case in spill_check.DEFAULT_CASES:
+    spill_check.parse_case(case)
+
+
+def test_reads_the_spills_of_a_ptxas_report():
+  report = ("ptxas info    : Function properties for anonymous_mosaic_gpu_kernel\n"
+            "    64 bytes stack frame, 116 bytes spill stores, 96 bytes spill loads\n")
+  assert spill_check.spilled_bytes(report) == 116
+  assert spill_check.spilled_bytes(report.replace("116 bytes", "0 bytes")) == 0
+  assert spill_check.spilled_bytes("ptxas info : Used 168 registers") is None
+
+
+@pytest.mark.parametrize("case", ["dense:256x512x384", "fp8out:256x512x384",
+                                  "wgrad:256x512x384", "glu:256x256x384", "glu8:256x256x384",
+                                  "masked:2x128x512x384", "ragged:2x128x512x384"])
+def test_every_kind_lowers_for_cuda(case):
+  _, fn, avals = spill_check.kernel_call(*spill_check.parse_case(case))
+  text = jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
+@requires_gpu(major=9)
+def test_gpu_default_tilings_do_not_spill():
+  cases = ["dense:1024x4096x7168", "dense:512x7168x16384", "dense:512x7168x2048",
+           "dense:512x7168x18432", "dense:4096x4096x7168", "dense:4096x7168x2048",
+           "wgrad:7168x18432x4096", "glu8:4096x18432x7168", "masked:4x384x7168x2048"]
+  run = subprocess.run([sys.executable, os.path.join(_TOOLS, "spill_check.py"),
+                        "--cases=" + ",".join(cases)], capture_output=True, text=True,
+                       timeout=600)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert run.stdout.count(" 0 bytes spilled") == len(cases), run.stdout

@@ -1,0 +1,124 @@
+"""Compiles the Hopper kernel at its default tilings and reports ptxas's register
+spills per kernel (compile only: nothing runs). On the GPU machine: PTX and
+ptxas run when XLA compiles, for the attached GPU.
+
+    python3 tools/spill_check.py                    # the default cases
+    python3 tools/spill_check.py --cases=dense:1024x4096x7168,masked:4x384x7168x2048
+
+A case is KIND:DIMS:
+  dense:MxNxK    bf16 output          fp8out:MxNxK   FP8 output (1x128 scales)
+  wgrad:MxNxK    per-row b scales (the weight gradient's recipe), float32 output
+  glu:MxFxK      a fused GLU, b of 2F rows, bf16 output;  glu8:MxFxK  ... FP8 output
+  masked:GxCAPACITYxNxK               ragged:GxROWSxNxK  (G groups of ROWS rows)
+Each case is compiled with Mosaic's dumps on (MOSAIC_GPU_DUMP_TO, read when it
+compiles) and its ptxas report read back. Why it matters: spills in a consumer's
+K loop cost 18-64% (benchmarks/RESULTS.md, 2026-11-26: 128 x 256 tiles on grids
+of one tile per CTA). Prints a line per case (tiling, spilled bytes); exit
+status 1 if a case spills more than --max_bytes or gave no ptxas report.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import os
+import re
+import sys
+import tempfile
+
+KINDS = {"dense": 3, "fp8out": 3, "wgrad": 3, "glu": 3, "glu8": 3, "masked": 4, "ragged": 4}
+
+# The dense benchmark's N x K at M = 512, 1024 (grids of one 128 x 256 tile per
+# CTA among them) and 4096; the training and MLP GEMMs; the grouped benchmark's.
+_NK = ("2112x7168", "24576x1536", "32768x512", "7168x16384", "4096x7168", "7168x2048")
+DEFAULT_CASES = (
+    [f"dense:{m}x{nk}" for m in (512, 1024, 4096) for nk in _NK]
+    + ["dense:4096x18432x7168", "dense:4096x7168x18432", "fp8out:4096x18432x7168",
+       "wgrad:7168x18432x4096", "wgrad:18432x7168x16384", "glu8:4096x18432x7168",
+       "masked:1x1024x4096x7168", "masked:4x384x7168x2048", "masked:32x128x4096x7168",
+       "ragged:8x4096x4096x7168", "ragged:8x4096x7168x2048"])
+
+
+def parse_case(text: str) -> tuple[str, tuple[int, ...]]:
+  """'masked:4x384x7168x2048' -> ('masked', (4, 384, 7168, 2048))."""
+  kind, sep, dims = text.strip().partition(":")
+  if not sep or kind not in KINDS:
+    raise ValueError(f"a case is KIND:DIMS with KIND one of {sorted(KINDS)}, got {text!r}")
+  parts = dims.lower().split("x")
+  if len(parts) != KINDS[kind] or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise ValueError(f"{kind} takes {KINDS[kind]} positive integers joined by 'x', got {text!r}")
+  return kind, tuple(int(p) for p in parts)
+
+
+def spilled_bytes(ptxas_report: str) -> int | None:
+  """The largest 'N bytes spill stores' of a ptxas -v report; None if it has none."""
+  found = [int(b) for b in re.findall(r"(\d+) bytes spill stores", ptxas_report)]
+  return max(found) if found else None
+
+
+def kernel_call(kind: str, dims: tuple[int, ...]):
+  """(the case's default Hopper config, a function running it, its argument avals)."""
+  import jax
+  import jax.numpy as jnp
+  from jax_fp8.pallas import hopper, hopper_tiling
+  f8, f32, bf16 = jnp.float8_e4m3fn, jnp.float32, jnp.bfloat16
+  s = jax.ShapeDtypeStruct
+  cdiv = lambda x: -(-x // 128)  # noqa: E731
+  if kind in ("masked", "ragged"):
+    g, rows, n, k = dims
+    m = rows if kind == "masked" else g * rows
+    cfg = hopper_tiling.default_config(m, n, k, groups=g if kind == "masked" else 1,
+                                       grouped=True, row_masks=kind == "ragged")
+    lead = (g,) if kind == "masked" else ()
+    fn = functools.partial(getattr(hopper, f"{kind}_dot"), out_dtype=bf16, config=cfg)
+    return cfg, fn, (s((*lead, m, k), f8), s((*lead, m, cdiv(k)), f32), s((g, n, k), f8),
+                     s((g, cdiv(n), cdiv(k)), f32), s((g,), jnp.int32))
+  m, n, k = dims
+  if kind in ("glu", "glu8"):
+    out = f8 if kind == "glu8" else bf16
+    cfg = hopper_tiling.glu_config(m, n, k, out_dtype=out)
+    fn = functools.partial(hopper.glu, activation="silu", out_dtype=out, config=cfg)
+    return cfg, fn, (s((m, k), f8), s((m, cdiv(k)), f32), s((2 * n, k), f8),
+                     s((2 * n // 128, cdiv(k)), f32))
+  out = {"dense": bf16, "fp8out": f8, "wgrad": f32}[kind]
+  rows = 1 if kind == "wgrad" else 128
+  cfg = hopper_tiling.config_for(m, n, k, out_dtype=out, b_scale_rows=rows)
+  fn = lambda a, sa, b, sb: hopper.blockwise_fp8_dot(  # noqa: E731
+      a, sa, b, sb, None, beta=0.0, out_dtype=out, b_scale_rows=rows, config=cfg)
+  return cfg, fn, (s((m, k), f8), s((m, cdiv(k)), f32), s((n, k), f8),
+                   s((n if rows == 1 else cdiv(n), cdiv(k)), f32))
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma list of KIND:DIMS")
+  p.add_argument("--max_bytes", type=int, default=0, help="spill bytes a case may have")
+  args = p.parse_args(argv)
+  cases = [parse_case(c) for c in args.cases.split(",") if c.strip()]
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+  import jax
+  failed = []
+  for kind, dims in cases:
+    name = f"{kind}:{'x'.join(map(str, dims))}"
+    with tempfile.TemporaryDirectory(prefix="spill_check_") as dump:
+      os.environ["MOSAIC_GPU_DUMP_TO"] = dump
+      os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
+      cfg, fn, avals = kernel_call(kind, dims)
+      jax.jit(fn).trace(*avals).lower().compile()
+      report = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*.ptxas")))
+    spilled = spilled_bytes(report)
+    tiling = (f"{cfg.tile_m}x{cfg.tile_n}{cfg.wg_split}{cfg.consumers} s{cfg.stages} "
+              f"p{cfg.producer_registers}")
+    verdict = "no ptxas report" if spilled is None else f"{spilled} bytes spilled"
+    bad = spilled is None or spilled > args.max_bytes
+    print(f"{name:32s} {tiling:22s} {verdict}{'  <--' if bad else ''}", flush=True)
+    if bad:
+      failed.append(name)
+  if failed:
+    print(f"spill_check: {len(failed)} case(s) over {args.max_bytes} bytes or unreported: "
+          f"{', '.join(failed)}")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
