@@ -105,16 +105,15 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
     cluster_index = lax.axis_index("cluster") if cluster_axes else i32(0)
     wg = lax.axis_index("wg")
-    # Where _run gives the unit count as a GMEM ref, the consumers read it; the
-    # producer walks the same units by the constant count (its unrolled walk
-    # stayed within its registers; with the loaded count it spilled at 72).
-    producer_sched = dataclasses.replace(sched, units_ref=None)
+    # The producer's walk. Where _run gives the unit count as a GMEM ref, the
+    # consumers read it; the producer walks the same units by the constant count
+    # (its unrolled walk stayed within its registers; with the loaded count it
+    # spilled at 72).
+    walk = dataclasses.replace(sched, units_ref=None)
 
     def for_each_pass(body, step):
       """body(tile, tile_pass, step0) over this CTA's tiles and K passes, in
       order; step0 is the pass's first pipeline step. Returns the steps run."""
-      walk = producer_sched
-
       def tile_body(i, step):
         tile = walk.tile(cta + i * num_ctas, cluster_index)
         if walk.static_passes:
@@ -130,7 +129,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     @pl.when(wg == consumers)
     def _producer():
       plgpu.set_max_registers(cfg.producer_registers, action="decrease")
-      total = producer_sched.steps(cta, num_ctas, k_steps)
+      total = walk.steps(cta, num_ctas, k_steps)
       with contextlib.ExitStack() as rings:
         produce = rings.enter_context(inputs.producer(total))
         if window:

@@ -11,9 +11,9 @@ A case is KIND:DIMS:
   glu:MxFxK      a fused GLU, b of 2F rows, bf16 output;  glu8:MxFxK  ... FP8 output
   masked:GxCAPACITYxNxK               ragged:GxROWSxNxK  (G groups of ROWS rows)
 Each case is compiled with Mosaic's dumps on (MOSAIC_GPU_DUMP_TO, read when it
-compiles) and its ptxas report read back. Why it matters: spills in a consumer's
-K loop cost 18-64% (benchmarks/RESULTS.md, 2026-11-26: 128 x 256 tiles on grids
-of one tile per CTA). Prints a line per case (tiling, spilled bytes); exit
+compiles) and its ptxas report read back. Why it matters: with spills in their
+consumers' K loop, 128 x 256 tiles on grids of one tile per CTA took 21-64%
+longer (benchmarks/RESULTS.md, 2026-11-26). Prints a line per case (tiling, spilled bytes); exit
 status 1 if a case spills more than --max_bytes or gave no ptxas report.
 """
 from __future__ import annotations
