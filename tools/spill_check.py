@@ -13,8 +13,9 @@ A case is KIND:DIMS:
 Each case is compiled with Mosaic's dumps on (MOSAIC_GPU_DUMP_TO, read when it
 compiles) and its ptxas report read back. Why it matters: with spills in their
 consumers' K loop, 128 x 256 tiles on grids of one tile per CTA took 21-64%
-longer (benchmarks/RESULTS.md, 2026-11-26). Prints a line per case (tiling, spilled bytes); exit
-status 1 if a case spills more than --max_bytes or gave no ptxas report.
+longer (benchmarks/RESULTS.md, 2026-11-26). Prints a line per case (tiling as
+tools/tiling_picks.py writes it, spilled bytes); exit status 1 if a case spills
+more than --max_bytes or gave no ptxas report.
 """
 from __future__ import annotations
 
@@ -96,7 +97,9 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   cases = [parse_case(c) for c in args.cases.split(",") if c.strip()]
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+  sys.path.insert(0, os.path.dirname(__file__))
   import jax
+  from tiling_picks import spec
   failed = []
   for kind, dims in cases:
     name = f"{kind}:{'x'.join(map(str, dims))}"
@@ -107,11 +110,9 @@ def main(argv=None) -> int:
       jax.jit(fn).trace(*avals).lower().compile()
       report = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*.ptxas")))
     spilled = spilled_bytes(report)
-    tiling = (f"{cfg.tile_m}x{cfg.tile_n}{cfg.wg_split}{cfg.consumers} s{cfg.stages} "
-              f"p{cfg.producer_registers}")
     verdict = "no ptxas report" if spilled is None else f"{spilled} bytes spilled"
     bad = spilled is None or spilled > args.max_bytes
-    print(f"{name:32s} {tiling:22s} {verdict}{'  <--' if bad else ''}", flush=True)
+    print(f"{name:32s} {spec(cfg):34s} {verdict}{'  <--' if bad else ''}", flush=True)
     if bad:
       failed.append(name)
   if failed:
