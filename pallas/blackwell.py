@@ -103,9 +103,11 @@ class BlackwellConfig:
     pieces = self.tile_n // self.epi_tile_n // (2 if glu else 1)
     return 2 if pieces % 2 == 0 else 1
 
-  def smem_bytes(self, out_dtype, c_dtype=None) -> int:
+  def smem_bytes(self, out_dtype, c_dtype=None, exact_rows: bool = False) -> int:
+    """exact_rows: the ragged GEMM's row-exact stores (one more store buffer)."""
     stage = (self.tile_m + self.tile_n) * K_BLOCK + self.tile_m * 4
-    epi = self.out_slots() * self.tile_m * self.epi_tile_n * np.dtype(out_dtype).itemsize
+    epi = ((self.out_slots() + exact_rows) * self.tile_m * self.epi_tile_n
+           * np.dtype(out_dtype).itemsize)
     if c_dtype is not None:
       epi += self.c_stages * self.tile_m * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.input_stages * stage + epi + 1024  # barriers and alignment slack
@@ -141,6 +143,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
                                                empty_arrivals=2, empty_orders_tensor_core=True),
       tmem=MmaContext.barriers(cfg.tmem_stages),
   )
+  if prob.exact_rows:  # a piece's rows, sliced anywhere by the partial stores
+    scratch["rows_smem"] = plgpu.SMEM((tile_m, epi_n), out_dtype)
   if c_gmem is not None:
     scratch.update(c_smem=plgpu.SMEM((cfg.c_stages, tile_m, epi_n), c_gmem.dtype,
                                      transforms=tiled(c_gmem.dtype, epi_n)),
@@ -148,7 +152,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
   def _scope(a_smem, b_smem, as_smem, out_smem, acc_tmem, inputs, tmem, c_smem=None,
-             c_bars=None):
+             c_bars=None, rows_smem=None):
     cta, num_ctas = lax.axis_index("sm"), lax.axis_size("sm")
     local_units = sched.local_units(cta, num_ctas)
     total_steps = sched.steps(cta, num_ctas, k_blocks)
@@ -236,7 +240,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     @pl.when(wg == EPILOGUE_WG)
     def _epilogue():
       epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, out_gmem,
-               OutputStores(out_smem), epi_load, c_smem)
+               OutputStores(out_smem, rows_smem), epi_load, c_smem)
 
 
 def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, out_gmem,
@@ -254,9 +258,6 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
     def k_body(kb, acc):
       with epi_k.per_k_stage(step0 + kb) as ks:
         s_a = plgpu.load(as_smem.at[ks.input_stage.index, 0], layout=row_layout)
-        if prob.mask_rows:
-          rows = tile.m0 + plgpu.broadcasted_iota(i32, (tile_m,), 0, layout=row_layout)
-          s_a = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi), s_a)
         new_acc = []
         for p, acc_p in enumerate(acc):
           b = recipe.load_b(bs_gmem, tp.b_group, tile.k0 + kb, b_row(cfg, prob, tile, p * epi_n),
@@ -303,8 +304,13 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
         s_gmem.at[tile.out_group, nb, pl.ds(tile.m0, tile_m)][...] = scale
       vals = quantize_pieces(vals, epi_n, prob.power_of_two, store_scale)
     for p, val in enumerate(vals):
-      stores.store(p, val, dst.at[tile.out_group, pl.ds(tile.m0, tile_m),
-                                  pl.ds(tile.n0 + p * epi_n, epi_n)])
+      cols = pl.ds(tile.n0 + p * epi_n, epi_n)
+      if prob.exact_rows:  # a ragged piece: its rows only
+        stores.store_rows(p, val, lambda start, n: dst.at[tile.out_group,
+                                                          pl.ds(tile.m0 + start, n), cols],
+                          tile.row_lo - tile.m0, tile.row_end - tile.m0)
+      else:
+        stores.store(p, val, dst.at[tile.out_group, pl.ds(tile.m0, tile_m), cols])
     return step
 
   lax.fori_loop(i32(0), local_units, tile_body, i32(0))
@@ -342,7 +348,8 @@ def quantize_pieces(vals, epi_n: int, power_of_two: bool, store_scale):
 def _run(cfg: BlackwellConfig, launch: problem.Launch):
   """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
   c = launch.args[4]
-  smem = cfg.smem_bytes(launch.out_dtype, None if c is None else c.dtype)
+  smem = cfg.smem_bytes(launch.out_dtype, None if c is None else c.dtype,
+                        launch.problem.exact_rows)
   if smem > SMEM_BYTES:
     raise ValueError(f"config needs ~{smem} bytes of shared memory (> {SMEM_BYTES}): lower "
                      "input_stages, c_stages, epi_tile_n or tile_n")

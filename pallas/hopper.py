@@ -20,7 +20,8 @@ Warp roles (one CTA per SM, persistent; every role walks the scheduler itself):
   sum 128 products with ~14 bits; the sum over K blocks runs in float32). The
   scales of the next step load from GMEM while this step's WGMMAs run.
   `epilogue`: (+ beta * c), rows outside the problem zeroed, cast, SMEM, TMA
-  store in (64, epi_tile_n) pieces, c prefetched piece by piece.
+  store in (64, epi_tile_n) pieces, c prefetched piece by piece (a ragged
+  piece's rows only: OutputStores.store_rows).
 
 Both operands are K-major in SMEM (FP8 WGMMA takes no transposes). Edges: TMA
 reads out of bounds give zeros (exact for the partial last K block and partial
@@ -87,6 +88,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=3 if prob.glu_rows else 2,
                                           empty_arrivals=consumers, cluster_axes=cluster_axes),
   )
+  if prob.exact_rows:  # a piece's rows, sliced anywhere by the partial stores
+    scratch["rows_smem"] = plgpu.SMEM((consumers, cm, cfg.epi_tile_n), out_dtype)
   if window:
     scratch["a_stage"] = plgpu.SMEM((2, window * k_step, tile_m), jnp.float32)
     scratch.update({f"stage_{name}": bar for name, bar in ProducerConsumerPipeline.barriers(
@@ -98,7 +101,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
   def _scope(a_smem, b_smem, out_smem, full, empty, c_smem=None, c_barrier=None, a_stage=None,
-             stage_full=None, stage_empty=None):
+             stage_full=None, stage_empty=None, rows_smem=None):
     inputs = ProducerConsumerPipeline(full, empty, stages)
     # a-scale windows: a 2-slot ring the producer fills with generic stores
     scale_ring = ProducerConsumerPipeline(stage_full, stage_empty, 2) if window else None
@@ -187,7 +190,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       c_ring = None
       if c_gmem is not None:
         c_ring = PrefetchRing(c_smem.at[wg], c_barrier, first_barrier=wg * 2)
-      stores = OutputStores(out_smem.at[wg])
+      stores = OutputStores(out_smem.at[wg], None if rows_smem is None else rows_smem.at[wg])
       warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem, window, a_stage, scale_ring)
 
       def tile_body(i, step):
@@ -263,8 +266,8 @@ class _Warpgroup:
     offsets) of K block kb; with one part carrying the product: ((product,), ()).
     a_staged: the block's a-scales staged in SMEM ([tile_m], the tile's rows),
     else they load from GMEM.
-    A block past the unit's K range (the zeros of a partial last step) and the
-    rows outside [tp.row_lo, tp.row_hi) get factor 0 (never inf * 0)."""
+    A block past the unit's K range (the zeros of a partial last step) gets
+    factor 0 (never inf * 0)."""
     cfg, recipe = self.cfg, self.prob.recipe
     cm = cfg.chunk()[0]
     wr, wc = self.corner()
@@ -284,10 +287,7 @@ class _Warpgroup:
         s = plgpu.load(self.as_gmem.at[tile.a_group,
                                        pl.ds(jnp.minimum(row0, scale_rows - cm), cm), kb],
                        layout=row_layout, optimized=False)
-      if self.prob.mask_rows:
-        rows = row0 + plgpu.broadcasted_iota(i32, (cm,), 0, layout=row_layout)
-        s = zero_unless((rows >= tp.row_lo) & (rows < tp.row_hi) & valid, s)
-      elif self.partial_last_step:
+      if self.partial_last_step:
         s = zero_unless(valid, s)
       rows_scales.append(s)
     col_scales = []
@@ -474,7 +474,12 @@ class _Warpgroup:
         scale = quant_math.scale(quant_math.row_amax(val), self.prob.power_of_two, layout)
         val = quant_math.quantize(val, lax.broadcast_in_dim(scale, val.shape, [0]), layout)
         s_gmem.at[tile.out_group, lax.div(cols.start, i32(SCALE_N)), rows][...] = scale
-      stores.store(i, val, dst.at[tile.out_group, rows, cols])
+      if self.prob.exact_rows:  # a ragged piece: its rows only
+        stores.store_rows(i, val, lambda start, n: dst.at[tile.out_group,
+                                                          pl.ds(rows.start + start, n), cols],
+                          tile.row_lo - rows.start, tile.row_end - rows.start)
+      else:
+        stores.store(i, val, dst.at[tile.out_group, rows, cols])
 
 
 # ----------------------------------------------------------------------------- launch
@@ -485,7 +490,8 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
   units = launch.problem.scheduler.num_units
   grid = min((cfg.num_sms or num_sms()) // cl, units)
   a, a_scale, b, b_scale, c, meta = launch.args
-  if units % grid == 0 and cfg.chunks_per_warpgroup() >= 2:
+  if (launch.problem.scheduler.static_units and units % grid == 0
+      and cfg.chunks_per_warpgroup() >= 2):
     # Every CTA runs units / grid tiles: with that a constant, LLVM unrolled the
     # consumers' tile loop into straight-line code, where ptxas spilled the K
     # loop of warpgroups holding two chunks (128 x 256 tiles). The count is read

@@ -168,10 +168,11 @@ class HopperConfig:
     pieces = (wm // cm) * (wn // cn) * (cn // self.epi_tile_n) // (2 if glu else 1)
     return 2 if pieces % 2 == 0 else 1
 
-  def smem_bytes(self, out_dtype, c_dtype=None) -> int:
+  def smem_bytes(self, out_dtype, c_dtype=None, exact_rows: bool = False) -> int:
+    """exact_rows: the ragged GEMM's row-exact stores (one more store buffer)."""
     out_dtype, c_dtype = kernel_dtypes(self, out_dtype, c_dtype)
     stage = (self.tile_m + self.tile_n) * K_BLOCK * self.k_step
-    epi = (self.consumers * self.out_slots() * CHUNK_M * self.epi_tile_n
+    epi = (self.consumers * (self.out_slots() + exact_rows) * CHUNK_M * self.epi_tile_n
            * np.dtype(out_dtype).itemsize)
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize

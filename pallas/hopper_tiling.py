@@ -59,11 +59,12 @@ def _grouped_allows(cfg: HopperConfig) -> bool:
   return cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
 
 
-def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int) -> HopperConfig:
+def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int,
+                exact_rows: bool = False) -> HopperConfig:
   """cfg with the deepest ring up to max_stages (at least 2) that fits in SMEM,
   narrowing the epilogue stores if even 2 stages do not fit."""
   cfg = dataclasses.replace(cfg, stages=max_stages)
-  while cfg.smem_bytes(out_dtype, c_dtype) > SMEM_BYTES:
+  while cfg.smem_bytes(out_dtype, c_dtype, exact_rows) > SMEM_BYTES:
     if cfg.stages > 2:
       cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     elif cfg.epi_tile_n > 16:
@@ -176,12 +177,13 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
       continue
     cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype))
     stages = fields.get("stages", ring_stages(cfg) + deeper)
-    cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages)
+    # Ragged groups (row_masks) store cut tiles row-exactly: one more buffer.
+    cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages, exact_rows=row_masks)
     try:
       cfg.check()
     except ValueError:
       continue
-    if cfg.smem_bytes(out_dtype, c_dtype) <= SMEM_BYTES and cfg not in seen:
+    if cfg.smem_bytes(out_dtype, c_dtype, row_masks) <= SMEM_BYTES and cfg not in seen:
       seen.add(cfg)
       out.append(cfg)
   return tuple(sorted(out, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, masked,

@@ -311,8 +311,12 @@ class OutputStores:
   store runs while piece i + 1 is computed; before a slot is rewritten, the
   store that last read it must have finished reading. `finish()` waits for
   every store's reads before the kernel (or the SMEM) goes away.
+
+  rows_smem: (rows, cols) without transforms, for `store_rows` (a piece of
+  which only some rows are stored), else None.
   """
   smem: Any
+  rows_smem: Any = None
 
   def store(self, i: int, value, dst):
     slots = self.smem.shape[0]
@@ -321,6 +325,37 @@ class OutputStores:
     self.smem[slot] = value.astype(self.smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(self.smem.at[slot], dst)
+
+  def store_rows(self, i: int, value, dst, lo, hi):
+    """Stores rows [lo, hi) of the piece (clamped to it): dst(start, rows) is
+    the GMEM window of the piece's rows [start, start + rows).
+
+    A whole piece takes `store`. Part of one goes through rows_smem (its
+    untiled rows can be sliced anywhere) in TMA boxes of 2^j rows, one per bit
+    of the row count (TMA boxes have static sizes). Stores of other pieces
+    may be in flight meanwhile: `store`'s wait keeps a slot's last store the
+    newest but one, and this waits for every store before reusing rows_smem.
+    """
+    rows = self.smem.shape[1]
+    lo, hi = jnp.maximum(lo, 0), jnp.minimum(hi, rows)
+
+    @pl.when((lo == 0) & (hi == rows))
+    def _():
+      self.store(i, value, dst(0, rows))
+
+    @pl.when((hi > lo) & ((lo > 0) | (hi < rows)))
+    def _():
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      self.rows_smem[...] = value.astype(self.rows_smem.dtype)
+      plgpu.commit_smem()
+      count, start = hi - lo, lo
+      box = 1 << (rows.bit_length() - 1)
+      while box:
+        @pl.when(count & box != 0)
+        def _(box=box, start=start):
+          plgpu.copy_smem_to_gmem(self.rows_smem.at[pl.ds(start, box)], dst(start, box))
+        start = start + (count & box)
+        box //= 2
 
   @staticmethod
   def finish():

@@ -30,8 +30,8 @@ class Problem:
   recipe: ScaleRecipe
   k_blocks: int          # K blocks of one unit of work (one K split)
   beta: float = 1.0
-  mask_rows: bool = False   # a K pass changes only its rows (ragged groups)
   zero_rows: bool = False   # rows at or past the tile's row_end are stored as zeros
+  exact_rows: bool = False  # only the tile's rows [row_lo, row_end) are stored (ragged pieces)
   quantize_out: bool = False  # FP8 output: e4m3 values and one scale per row per 128 columns
   power_of_two: bool = False  # ... with power-of-two scales
   glu_rows: int = 0         # a fused GLU: b's up rows start here (its gate rows at 0)
@@ -152,11 +152,13 @@ def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Laun
   m, k = a.shape
   g, n, _ = b.shape
   ops = t.pad(a[None], a_scale[None], b, None, out_dtype)
-  starts, pass_group, tile_passes = sched_lib.ragged_tables(group_sizes, m, t.tile_m)
+  pieces, piece_counts = sched_lib.ragged_pieces(group_sizes, m, t.tile_m)
   sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
                                     grid_minor=t.grid_minor, group=t.group, num_groups=g)
-  meta = dict(group_start=starts, pass_group=pass_group, tile_passes=tile_passes)
-  return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), mask_rows=True, zero_rows=True),
+  meta = dict(pieces=pieces, piece_counts=piece_counts)
+  # A unit's rows outside its piece are computed with its group's weights and
+  # never stored: their scales need no masking.
+  return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), exact_rows=True),
                 (ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None, meta),
                 jax.ShapeDtypeStruct((1, ops.rows, ops.out_cols), out_dtype),
                 lambda out: out[0, :m, :n])

@@ -6,12 +6,12 @@ warp role of the CTA (TMA producer, MMA issuers, epilogue) runs its own copy of
 the same walk, so no tile index is ever passed between them. The kernel body
 asks the scheduler for everything that depends on the problem's layout:
 
-- `num_units`: how many units the grid has (static);
+- `num_units`: how many units the grid has (static; for the ragged scheduler
+  an upper bound, its walk reads the count at run time);
 - `tile(unit, cluster_index)`: a `Tile`: where the tile's rows and columns are
   in a, b and the output (including the group or K split they belong to), its
   first K block, how many K passes it sums, and which of its rows exist;
-- `tile_pass(tile, p)`: the b group of the tile's p-th K pass and the rows of
-  the tile that pass may change (the others get a zero scale);
+- `tile_pass(tile, p)`: the b group of the tile's p-th K pass;
 - `steps(cta, num_ctas, steps_per_pass)`: the pipeline steps a CTA runs in all
   (the producer closes its ring with it).
 
@@ -24,9 +24,9 @@ Schedulers (see next-wave-notes.md, DeepGEMM's GemmType):
   no K pass (they are stored as zeros); optionally in CTA clusters as above.
 - `RaggedScheduler`: one [M, K] activation whose rows are cut into G
   contiguous groups of any size, group g multiplied by b[g]. A tile whose rows
-  span several groups runs one K pass per group, each pass changing only its
-  group's rows (the rows of the other groups get a zero a-scale), and is stored
-  once. Rows past the last group are zeros.
+  span several groups is cut into pieces, one unit each: every unit runs one
+  K pass (its group's) and stores only its piece's rows. Rows past the last
+  group are zeros (pieces without a K pass).
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ class Tile:
     of the output (the group; for split-K the K range's partial output).
   k0: first K block. passes: K passes summed into the tile (0: none, the tile
     is stored as zeros). row_end: rows at or past it (within the group) are
-    zeros in the output.
+    zeros in the output, or, with row-exact stores, not stored (nor those
+    before row_lo).
   """
   m0: Any
   n0: Any
@@ -59,14 +60,14 @@ class Tile:
   k0: Any
   passes: Any
   row_end: Any
+  row_lo: Any = 0    # row-exact stores (Problem.exact_rows): the first row stored
+  piece: Any = None  # the ragged scheduler's piece
 
 
 @dataclasses.dataclass(frozen=True)
 class TilePass:
-  """One K pass of a tile: b's group, and the rows [row_lo, row_hi) it changes."""
+  """One K pass of a tile: b's group."""
   b_group: Any
-  row_lo: Any
-  row_hi: Any
 
 
 def _snake(lin, m_tiles: int, n_tiles: int, minor: str, group: int):
@@ -97,12 +98,13 @@ class _Walk:
 
   # Schedulers whose every tile runs exactly one K pass need no pass loop.
   static_passes = False
+  # Whether num_units is the walk's count (else an upper bound; the count is read).
+  static_units = True
 
   def local_units(self, cta, num_ctas):
     """Units of CTA `cta` of `num_ctas` (unit u goes to CTA u % num_ctas)."""
-    cta, num_ctas = i32(cta), i32(num_ctas)
     units = i32(self.num_units) if self.units_ref is None else self.units_ref[0]
-    return lax.div(units - cta + num_ctas - 1, num_ctas)
+    return _share(units, cta, num_ctas)
 
   def steps(self, cta, num_ctas, steps_per_pass: int):
     """Pipeline steps of CTA `cta` over all its units (passes x steps_per_pass each)."""
@@ -147,7 +149,7 @@ class DenseScheduler(_Walk):
 
   def tile_pass(self, tile: Tile, p) -> TilePass:
     del p
-    return TilePass(b_group=i32(0), row_lo=i32(0), row_hi=i32(self.m))
+    return TilePass(b_group=i32(0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,59 +188,99 @@ class MaskedScheduler(_Walk):
 
   def tile_pass(self, tile: Tile, p) -> TilePass:
     del p
-    return TilePass(b_group=tile.a_group, row_lo=i32(0), row_hi=tile.row_end)
+    return TilePass(b_group=tile.a_group)
 
 
 @dataclasses.dataclass(frozen=True)
 class RaggedScheduler(_Walk):
   """Rows of one a [M, K] cut into contiguous groups (b [G, N, K]).
 
-  GMEM refs, built by `ragged_tables` in XLA from the group sizes:
-  group_start [G + 1]: first row of each group (the last entry: the end of the
-  last group); pass_group [G]: the non-empty groups in order; tile_passes
-  [m_tiles, 2]: for each row tile, its first entry in pass_group and how many
-  non-empty groups its rows meet.
+  A unit is a *piece* of a row tile times a column tile, a piece being the
+  rows of one tile_m-row tile that lie in one group (its "segment"): a tile
+  that group boundaries cut gives one piece per group it meets. Each unit runs
+  one K pass with its group's weights over the whole tile and stores only its
+  piece's rows (`Tile.row_lo` to `row_end`, the epilogue's row-exact stores),
+  so every unit costs the same and the round-robin walk stays balanced (whole
+  tiles with a pass per group made the CTAs that drew cut tiles the critical
+  path). The rows past the last group form the last segment, whose pieces have
+  no K pass and are stored as zeros.
+
+  Units come in two runs: the K-pass pieces x column tiles in planar-snake
+  order, then the zero pieces x column tiles. The piece counts are known on
+  the device only: `local_units` and `steps` read them.
+
+  GMEM refs, built by `ragged_pieces` in XLA from the group sizes:
+  pieces [m_tiles + G, 4]: (row tile, b group, first row, end row) of each piece,
+  the K-pass pieces first; piece_counts [2]: K-pass pieces, all pieces.
   """
-  group_start: Any = None
-  pass_group: Any = None
-  tile_passes: Any = None
+  pieces: Any = None
+  piece_counts: Any = None
   num_groups: int = 1
+  static_units = False
 
   @property
   def num_units(self) -> int:
-    return self.m_tiles * self.n_tiles
+    """An upper bound (each group boundary inside a tile adds a piece)."""
+    return (self.m_tiles + self.num_groups) * self.n_tiles
+
+  def _unit_counts(self):
+    """(K-pass units, all units), read from GMEM."""
+    return self.piece_counts[0] * i32(self.n_tiles), self.piece_counts[1] * i32(self.n_tiles)
+
+  def local_units(self, cta, num_ctas):
+    return _share(self._unit_counts()[1], cta, num_ctas)
+
+  def steps(self, cta, num_ctas, steps_per_pass: int):
+    # The K-pass units come first: a CTA's are the first of its units.
+    return _share(self._unit_counts()[0], cta, num_ctas) * steps_per_pass
 
   def tile(self, unit, cluster_index) -> Tile:
     del cluster_index
-    mi, ni = _snake(unit, self.m_tiles, self.n_tiles, self.grid_minor, self.group)
-    return Tile(m0=mi * self.tile_m, n0=ni * self.tile_n, a_group=i32(0), out_group=i32(0),
-                k0=i32(0), passes=self.tile_passes[mi, 1],
-                row_end=self.group_start[self.num_groups])
+    pass_pieces = self.piece_counts[0]
+    pass_units = pass_pieces * i32(self.n_tiles)
+    has_pass = unit < pass_units
+    p_snake, n_snake = _snake(jnp.minimum(unit, pass_units - 1),
+                              jnp.maximum(pass_pieces, 1), self.n_tiles, self.grid_minor,
+                              self.group)
+    zero = jnp.maximum(unit - pass_units, 0)
+    piece = jnp.where(has_pass, p_snake, pass_pieces + lax.div(zero, i32(self.n_tiles)))
+    ni = jnp.where(has_pass, n_snake, lax.rem(zero, i32(self.n_tiles)))
+    row_tile, _, row_lo, row_hi = (self.pieces[piece, j] for j in range(4))
+    return Tile(m0=row_tile * self.tile_m, n0=ni * self.tile_n, a_group=i32(0),
+                out_group=i32(0), k0=i32(0), passes=has_pass.astype(i32), row_end=row_hi,
+                row_lo=row_lo, piece=piece)
 
   def tile_pass(self, tile: Tile, p) -> TilePass:
-    g = self.pass_group[self.tile_passes[lax.div(tile.m0, i32(self.tile_m)), 0] + p]
-    return TilePass(b_group=g, row_lo=self.group_start[g], row_hi=self.group_start[g + 1])
+    del p
+    return TilePass(b_group=self.pieces[tile.piece, 1])
 
 
-def ragged_tables(group_sizes, m: int, tile_m: int):
-  """(group_start, pass_group, tile_passes) of RaggedScheduler, in XLA.
+def _share(units, cta, num_ctas):
+  """How many of `units` (a traced count) CTA `cta` of `num_ctas` runs."""
+  cta, num_ctas = i32(cta), i32(num_ctas)
+  return lax.div(units - cta + num_ctas - 1, num_ctas)
 
-  Negative sizes count as 0 and groups are cut at M. Small arrays: G + 1, G
-  and m_tiles x 2 int32.
+
+def ragged_pieces(group_sizes, m: int, tile_m: int):
+  """(pieces, piece_counts) of RaggedScheduler, in XLA (small int32 arrays).
+
+  Negative sizes count as 0 and groups are cut at M. Segment s < G is group s's
+  rows, segment G the rows past the last group; a non-empty segment [lo, hi)
+  gives one piece per tile_m-row tile it meets.
   """
+  g = group_sizes.shape[0]
   sizes = jnp.maximum(group_sizes.astype(i32), 0)
   ends = jnp.minimum(jnp.cumsum(sizes), m).astype(i32)
-  starts = jnp.concatenate([jnp.zeros((1,), i32), ends])   # [G + 1]
-  lo, hi = starts[:-1], starts[1:]
-  nonempty = hi > lo
-  # pass_group: the non-empty groups first, in order (stable sort on emptiness).
-  order = jnp.argsort(jnp.logical_not(nonempty), stable=True).astype(i32)
-  rank = jnp.cumsum(nonempty.astype(i32)) - nonempty.astype(i32)   # index among non-empty
-  tiles = pl.cdiv(m, tile_m)
-  t0 = jnp.arange(tiles, dtype=i32) * tile_m
-  t1 = jnp.minimum(t0 + tile_m, m)
-  meets = nonempty[None, :] & (lo[None, :] < t1[:, None]) & (hi[None, :] > t0[:, None])
-  count = jnp.sum(meets, axis=1).astype(i32)
-  first_group = jnp.argmax(meets, axis=1)
-  first = jnp.where(count > 0, rank[first_group], 0).astype(i32)
-  return starts, order, jnp.stack([first, count], axis=1)
+  lo = jnp.concatenate([jnp.zeros((1,), i32), ends])        # [G + 1]
+  hi = jnp.concatenate([ends, jnp.full((1,), m, i32)])
+  first_tile = lax.div(lo, i32(tile_m))
+  count = jnp.where(hi > lo, lax.div(hi + i32(tile_m - 1), i32(tile_m)) - first_tile, 0)
+  end = jnp.cumsum(count).astype(i32)                        # pieces before segment s + 1
+  slots = pl.cdiv(m, tile_m) + g                             # >= sum(count)
+  p = jnp.arange(slots, dtype=i32)
+  seg = jnp.minimum(jnp.searchsorted(end, p, side="right").astype(i32), g)
+  row_tile = first_tile[seg] + p - (end[seg] - count[seg])
+  row_lo = jnp.maximum(lo[seg], row_tile * tile_m)
+  row_hi = jnp.minimum(hi[seg], row_tile * tile_m + tile_m)
+  pieces = jnp.stack([row_tile, seg, row_lo, row_hi], axis=1)
+  return pieces, jnp.stack([end[g - 1], end[g]])

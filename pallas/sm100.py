@@ -16,21 +16,22 @@ __all__ = ["blockwise_fp8_dot", "default_config", "glu", "masked_dot", "ragged_d
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
-                   c_dtype=None) -> BlackwellConfig:
+                   c_dtype=None, exact_rows: bool = False) -> BlackwellConfig:
   """128 x 128 tiles (the register accumulator is tile_n floats per thread), as
   many input stages as fit in SMEM (<= 6); untuned (no Blackwell to measure).
   A float32 output piece needs twice the registers and SMEM of a bf16 one, so
-  its pieces are half as wide (compiled for sm_100a: no spills either way)."""
+  its pieces are half as wide (compiled for sm_100a: no spills either way).
+  exact_rows: for the ragged GEMM (its row-exact stores take SMEM)."""
   del m, n, k
   cfg = BlackwellConfig(epi_tile_n=32 if np.dtype(out_dtype) == np.dtype(jnp.float32) else 64)
-  return _fit(cfg, out_dtype, c_dtype)
+  return _fit(cfg, out_dtype, c_dtype, exact_rows)
 
 
-def _fit(cfg: BlackwellConfig, out_dtype, c_dtype) -> BlackwellConfig:
+def _fit(cfg: BlackwellConfig, out_dtype, c_dtype, exact_rows=False) -> BlackwellConfig:
   """cfg with as many input stages as fit in SMEM (2 to 6)."""
   stages = 6
   while stages > 2 and dataclasses.replace(cfg, input_stages=stages).smem_bytes(
-      out_dtype, c_dtype) > SMEM_BYTES:
+      out_dtype, c_dtype, exact_rows) > SMEM_BYTES:
     stages -= 1
   return dataclasses.replace(cfg, input_stages=stages)
 
@@ -54,7 +55,8 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_row
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
                config: BlackwellConfig | None = None):
   """Grouped rows of a [M, K] times b [G, N, K] (see blackwell.ragged_dot)."""
-  cfg = config or default_config(a.shape[0], b.shape[1], a.shape[1], out_dtype=out_dtype)
+  cfg = config or default_config(a.shape[0], b.shape[1], a.shape[1], out_dtype=out_dtype,
+                                 exact_rows=True)
   return blackwell.ragged_dot(a, a_scale, b, b_scale, group_sizes, out_dtype=out_dtype,
                               config=cfg)
 

@@ -1,8 +1,9 @@
 """The Hopper and Blackwell kernels' schedulers and scale recipes, kernel by kernel.
 
 - per-row b scales (the weight gradient's "1D1D" recipe, b_scale_rows=1);
-- ragged groups (RaggedScheduler): tiles that span several groups, empty
-  groups, a group cut at M, rows past the last group;
+- ragged groups (RaggedScheduler): tiles that span several groups (a piece
+  per group, stored row-exactly), empty groups, a group cut at M, rows past
+  the last group;
 - masked groups (MaskedScheduler): empty, full and partial groups, garbage
   (NaN) rows past masked_m, tiles wholly past masked_m.
 
@@ -251,6 +252,36 @@ def test_fused_glu(arch, activation, out_dtype):
     assert testing.rel_error(out, want) < 0.05   # e4m3's rounding
   else:
     testing.assert_close(out, want, out_dtype)
+
+
+def _pieces_model(sizes, m, tile_m):
+  """RaggedScheduler's pieces in plain Python: (row tile, segment, lo, hi)."""
+  bounds, start = [], 0
+  for size in sizes:
+    end = min(start + max(size, 0), m)
+    bounds.append((start, end))
+    start = end
+  bounds.append((start, m))   # the segment past the last group
+  return [(t, seg, max(lo, t * tile_m), min(hi, t * tile_m + tile_m))
+          for seg, (lo, hi) in enumerate(bounds) if hi > lo
+          for t in range(lo // tile_m, -(-hi // tile_m))]
+
+
+@pytest.mark.parametrize("sizes,m,tile_m", [
+    ([37, 0, 1, 100, 20], 200, 64), ([0, 130], 130, 64), ([200, 5], 150, 64),
+    ([-5, 129, 3], 200, 128), ([0, 0, 0], 100, 64), ([128, 128], 256, 128),
+    ([4000, 4100, 4192, 4092, 3900, 4100, 4300, 4076], 32768, 192),
+])
+def test_ragged_pieces(sizes, m, tile_m):
+  """Every row lies in exactly one piece, the K-pass pieces first; a tile meets
+  as many pieces as segments, so each unit runs one K pass."""
+  from jax_fp8.pallas import scheduler
+  pieces, counts = scheduler.ragged_pieces(jnp.asarray(sizes, jnp.int32), m, tile_m)
+  want = _pieces_model(sizes, m, tile_m)
+  passes = sum(seg < len(sizes) for _, seg, _, _ in want)
+  assert [int(c) for c in counts] == [passes, len(want)]
+  assert [tuple(int(v) for v in row) for row in np.asarray(pieces)[:len(want)]] == want
+  assert len(pieces) >= len(want)
 
 
 def test_grouped_configs_take_no_splits_or_clusters():

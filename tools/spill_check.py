@@ -4,6 +4,8 @@ ptxas run when XLA compiles, for the attached GPU.
 
     python3 tools/spill_check.py                    # the default cases
     python3 tools/spill_check.py --cases=dense:1024x4096x7168,masked:4x384x7168x2048
+    python3 tools/spill_check.py --cases=masked:1x1024x4096x7168 \
+        --variant=tile_n=256,wide_chunks=False,a_scale_window=0,producer_registers=72
 
 A case is KIND:DIMS:
   dense:MxNxK    bf16 output          fp8out:MxNxK   FP8 output (1x128 scales)
@@ -15,7 +17,8 @@ compiles) and its ptxas report read back. Why it matters: with spills in their
 consumers' K loop, 128 x 256 tiles on grids of one tile per CTA took 21-64%
 longer (benchmarks/RESULTS.md, 2026-11-26). Prints a line per case (tiling as
 tools/tiling_picks.py writes it, spilled bytes); exit status 1 if a case spills
-more than --max_bytes or gave no ptxas report.
+more than --max_bytes or gave no ptxas report. --variant replaces HopperConfig
+fields of every case's default (tools/compare_configs.py's syntax).
 """
 from __future__ import annotations
 
@@ -57,8 +60,11 @@ def spilled_bytes(ptxas_report: str) -> int | None:
   return max(found) if found else None
 
 
-def kernel_call(kind: str, dims: tuple[int, ...]):
-  """(the case's default Hopper config, a function running it, its argument avals)."""
+def kernel_call(kind: str, dims: tuple[int, ...], variant: dict | None = None):
+  """(the case's default Hopper config (fields of `variant` replaced), a function
+  running it, its argument avals)."""
+  import dataclasses
+
   import jax
   import jax.numpy as jnp
   from jax_fp8.pallas import hopper, hopper_tiling
@@ -68,8 +74,9 @@ def kernel_call(kind: str, dims: tuple[int, ...]):
   if kind in ("masked", "ragged"):
     g, rows, n, k = dims
     m = rows if kind == "masked" else g * rows
-    cfg = hopper_tiling.default_config(m, n, k, groups=g if kind == "masked" else 1,
-                                       grouped=True, row_masks=kind == "ragged")
+    cfg = dataclasses.replace(hopper_tiling.default_config(
+        m, n, k, groups=g if kind == "masked" else 1, grouped=True,
+        row_masks=kind == "ragged"), **(variant or {}))
     lead = (g,) if kind == "masked" else ()
     fn = functools.partial(getattr(hopper, f"{kind}_dot"), out_dtype=bf16, config=cfg)
     return cfg, fn, (s((*lead, m, k), f8), s((*lead, m, cdiv(k)), f32), s((g, n, k), f8),
@@ -77,13 +84,14 @@ def kernel_call(kind: str, dims: tuple[int, ...]):
   m, n, k = dims
   if kind in ("glu", "glu8"):
     out = f8 if kind == "glu8" else bf16
-    cfg = hopper_tiling.glu_config(m, n, k, out_dtype=out)
+    cfg = dataclasses.replace(hopper_tiling.glu_config(m, n, k, out_dtype=out), **(variant or {}))
     fn = functools.partial(hopper.glu, activation="silu", out_dtype=out, config=cfg)
     return cfg, fn, (s((m, k), f8), s((m, cdiv(k)), f32), s((2 * n, k), f8),
                      s((2 * n // 128, cdiv(k)), f32))
   out = {"dense": bf16, "fp8out": f8, "wgrad": f32}[kind]
   rows = 1 if kind == "wgrad" else 128
-  cfg = hopper_tiling.config_for(m, n, k, out_dtype=out, b_scale_rows=rows)
+  cfg = dataclasses.replace(hopper_tiling.config_for(m, n, k, out_dtype=out, b_scale_rows=rows),
+                            **(variant or {}))
   fn = lambda a, sa, b, sb: hopper.blockwise_fp8_dot(  # noqa: E731
       a, sa, b, sb, None, beta=0.0, out_dtype=out, b_scale_rows=rows, config=cfg)
   return cfg, fn, (s((m, k), f8), s((m, cdiv(k)), f32), s((n, k), f8),
@@ -94,19 +102,23 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma list of KIND:DIMS")
   p.add_argument("--max_bytes", type=int, default=0, help="spill bytes a case may have")
+  p.add_argument("--variant", default="", help="HopperConfig fields replaced in every case's "
+                 "default, e.g. tile_n=256,producer_registers=72")
   args = p.parse_args(argv)
   cases = [parse_case(c) for c in args.cases.split(",") if c.strip()]
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   sys.path.insert(0, os.path.dirname(__file__))
   import jax
+  from compare_configs import parse_variant
   from tiling_picks import spec
+  variant = parse_variant(args.variant) if args.variant.strip() else None
   failed = []
   for kind, dims in cases:
     name = f"{kind}:{'x'.join(map(str, dims))}"
     with tempfile.TemporaryDirectory(prefix="spill_check_") as dump:
       os.environ["MOSAIC_GPU_DUMP_TO"] = dump
       os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
-      cfg, fn, avals = kernel_call(kind, dims)
+      cfg, fn, avals = kernel_call(kind, dims, variant)
       jax.jit(fn).trace(*avals).lower().compile()
       report = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*.ptxas")))
     spilled = spilled_bytes(report)
