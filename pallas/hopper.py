@@ -122,6 +122,9 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
         if walk.static_passes:
           body(tile, walk.tile_pass(tile, 0), step)
           return step + i32(k_steps)
+        if walk.single_pass:
+          pl.when(tile.passes > 0)(lambda: body(tile, walk.tile_pass(tile, 0), step))
+          return step + tile.passes * i32(k_steps)
 
         def pass_body(p, step):
           body(tile, walk.tile_pass(tile, p), step)
@@ -207,6 +210,9 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
 
         if sched.static_passes:
           step, acc = pass_body(i32(0), (step, acc))
+        elif sched.single_pass:
+          step, acc = lax.cond(tile.passes > 0, functools.partial(pass_body, i32(0)),
+                               lambda carry: carry, (step, acc))
         else:
           step, acc = lax.fori_loop(i32(0), tile.passes, pass_body, (step, acc))
         warpgroup.epilogue(tile, acc, out_gmem, stores, c_gmem, c_ring)
@@ -330,8 +336,8 @@ class _Warpgroup:
       return self.run_staged_pass(inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps)
 
     if not self.prob.scheduler.static_passes:
-      # Grouped schedulers (a loop of K passes around this one) take the slot from
-      # the step: with the slot carried, ptxas made the masked 4 x 256 7168x2048
+      # Grouped schedulers (a loop of K passes, or a branch, around this one) take
+      # the slot from the step: with the slot carried, ptxas made the masked 4 x 256 7168x2048
       # kernel 2.9x slower. (The staged pass above carries it: measured faster
       # on the ragged 128 x 192 tiles.)
       def step_body(ks, carry):

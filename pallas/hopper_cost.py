@@ -64,16 +64,16 @@ _CHAINED_DECODE_FIXED_COLUMNS = 16
 # which leaves the 128 x 256 tile its ties.
 LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
                  (192, 128, "m", 3): 0.95, (128, 192, "m", 2): 0.98, (64, 128, "n", 2): 0.8}
-# Ragged groups (row masks: a K-pass loop around the K loop) spill where a
-# warpgroup holds two row chunks: tiles of one 64-row chunk row per warpgroup;
-# 128 x 192 split by rows (one wide chunk each) is the fastest of them over long
-# K loops, 192 x 128 of three consumers over short ones (up to
-# RAGGED_SHORT_K_BLOCKS). 128 x 256 split by rows (two 128-column chunks per
-# warpgroup) is in neither: 3.0-3.4x slower than these at 4096 and 8192 rows.
+# Ragged groups: 128 x 192 split by rows (one wide chunk per warpgroup) is the
+# fastest over long K loops (128 x 256 split by columns, spill-free since a
+# unit runs at most one K pass behind a branch, is 3-8% behind there); over
+# short ones (up to RAGGED_SHORT_K_BLOCKS) 128 x 256 split by columns is 0.4-2.9%
+# ahead of 192 x 128 of three consumers (H100, 2026-11-26). 128 x 256 split by
+# rows: 2-5% behind both.
 RAGGED_TILES = {(128, 192, "m", 2): 1.0, (192, 128, "m", 3): 0.92, (128, 128, "m", 2): 0.91,
                 (64, 128, "n", 2): 0.76}
-RAGGED_SHORT_K_TILES = {(192, 128, "m", 3): 1.0, (128, 128, "m", 2): 0.94,
-                        (64, 128, "n", 2): 0.8}
+RAGGED_SHORT_K_TILES = {(128, 256, "n", 2): 1.02, (192, 128, "m", 3): 1.0,
+                        (128, 128, "m", 2): 0.94, (64, 128, "n", 2): 0.8}
 RAGGED_SHORT_K_BLOCKS = 16
 # Masked groups at large M: a loop of K passes around the K loop too, so tiles of
 # one 64-row chunk row per warpgroup (128 x 256 and 256 x 128 ran 2.8-4x slower

@@ -81,13 +81,15 @@ def _with_registers(cfg: HopperConfig) -> HopperConfig:
   return cfg
 
 
-def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None) -> HopperConfig:
+def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None,
+                   exact_rows: bool = False) -> HopperConfig:
   """The widest epilogue store the chunk and the output dtype allow: rows of
-  128 bytes, or 256 for short K loops without c (c's ring takes that SMEM)."""
+  128 bytes, or 256 for short K loops without c (c's ring takes that SMEM) nor
+  row-exact stores (their buffer would cost a 128 x 256 tile a ring stage)."""
   out_dtype, c_dtype = kernel_dtypes(cfg, out_dtype, c_dtype)
   short = _SHORT_K_BLOCKS_WIDE_TILE if cfg.tile_n == 256 else _SHORT_K_BLOCKS
   short_k = pl.cdiv(k, K_BLOCK) <= short
-  row_bytes = 256 if short_k and c_dtype is None else 128
+  row_bytes = 256 if short_k and c_dtype is None and not exact_rows else 128
   widest = row_bytes // np.dtype(out_dtype).itemsize
   return dataclasses.replace(cfg, epi_tile_n=min(widest, cfg.piece_n()))
 
@@ -175,7 +177,7 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
                        **fields)
     if grouped and not _grouped_allows(cfg):
       continue
-    cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype))
+    cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype, exact_rows=row_masks))
     stages = fields.get("stages", ring_stages(cfg) + deeper)
     # Ragged groups (row_masks) store cut tiles row-exactly: one more buffer.
     cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages, exact_rows=row_masks)

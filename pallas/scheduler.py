@@ -96,8 +96,11 @@ class _Walk:
   def n_tiles(self) -> int:
     return pl.cdiv(self.n, self.tile_n)
 
-  # Schedulers whose every tile runs exactly one K pass need no pass loop.
+  # Schedulers whose every tile runs exactly one K pass need no pass loop; where
+  # a tile runs at most one (tile.passes 0 or 1), `single_pass` asks the kernel
+  # for a branch instead of a loop of 0 or 1 trips.
   static_passes = False
+  single_pass = False
   # Whether num_units is the walk's count (else an upper bound; the count is read).
   static_units = True
 
@@ -217,6 +220,10 @@ class RaggedScheduler(_Walk):
   piece_counts: Any = None
   num_groups: int = 1
   static_units = False
+  # The loop made ptxas spill 460 bytes in 128 x 256 tiles, the branch none.
+  # (The masked scheduler keeps the loop: with the branch its 128 x 256 decode
+  # tiles ran 2.3x slower; RESULTS.md, 2026-11-26.)
+  single_pass = True
 
   @property
   def num_units(self) -> int:
