@@ -395,15 +395,18 @@ class _Warpgroup:
     The next step's scales load now and are used then. Block j's loads follow
     block j - 1's promotion, whose scales are then dead: they land in the
     loop-carried registers (loaded before, a copy into those waited for them
-    ahead of the WGMMA wait). Decode (scale_product False) loads a one-block
-    step's at its top instead, the longest lead."""
+    ahead of the WGMMA wait). Decode (scale_product False) and per-row b scales
+    (a vector of column scales per part, not one value) load a one-block step's
+    at its top instead, the longest lead: loaded after the promotion, the
+    weight gradient's per-row b scales made its K loop 13% slower at 16384
+    tokens (RESULTS.md, 2026-11-26)."""
     cfg = self.cfg
     cm, cn = cfg.chunk()
     pn = cfg.piece_n()
     wr, wc = self.corner()
     k_step = cfg.k_step
     next_kb = tile.k0 + jnp.minimum(ks + 1, k_steps - 1) * k_step
-    early = k_step == 1 and not cfg.scale_product
+    early = k_step == 1 and (not cfg.scale_product or self.prob.recipe.per_row_b)
     next_scales = [self.k_block_scales(tile, tp, next_kb)] if early and load_next else []
     for j in range(k_step):
       if j > 0 and load_next:
