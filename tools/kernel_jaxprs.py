@@ -49,6 +49,13 @@ def cases():
       lambda a, sa, b, sb, mm: hopper.masked_dot(a, sa, b, sb, mm, out_dtype=bf16, config=mcfg),
       [s((4, 256, 2048), f8), s((4, 256, 16), f32), s((4, 7168, 2048), f8), s((4, 56, 16), f32),
        s((4,), i32)])
+  # The weight gradient: per-row b scales (the 1D1D recipe), float32 out.
+  m, n, k = 7168, 18432, 16384
+  wcfg = hopper_tiling.default_config(m, n, k, out_dtype=f32, b_scale_rows=1)
+  out[f"wgrad_{m}x{n}x{k}"] = (
+      lambda a, sa, b, sb: hopper.blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0, out_dtype=f32,
+                                                    b_scale_rows=1, config=wcfg),
+      [s((m, k), f8), s((m, k // 128), f32), s((n, k), f8), s((n, k // 128), f32)])
   gcfg = hopper_tiling.glu_config(4096, 2048, 7168, out_dtype=f8)
   out["glu_fp8_4096x2048x7168"] = (
       lambda a, sa, b, sb: hopper.glu(a, sa, b, sb, activation="silu", out_dtype=f8,
