@@ -285,7 +285,8 @@ def ragged_pieces(group_sizes, m: int, tile_m: int):
   end = jnp.cumsum(count).astype(i32)                        # pieces before segment s + 1
   slots = pl.cdiv(m, tile_m) + g                             # >= sum(count)
   p = jnp.arange(slots, dtype=i32)
-  seg = jnp.minimum(jnp.searchsorted(end, p, side="right").astype(i32), g)
+  # compare_all: one fused comparison (the default method is a loop of kernels).
+  seg = jnp.minimum(jnp.searchsorted(end, p, side="right", method="compare_all").astype(i32), g)
   row_tile = first_tile[seg] + p - (end[seg] - count[seg])
   row_lo = jnp.maximum(lo[seg], row_tile * tile_m)
   row_hi = jnp.minimum(hi[seg], row_tile * tile_m + tile_m)
