@@ -268,6 +268,14 @@ def _share(units, cta, num_ctas):
   return lax.div(units - cta + num_ctas - 1, num_ctas)
 
 
+def _inclusive_sum(x):
+  """cumsum of a short int32 vector (the groups) as a triangular sum: it fuses
+  with its neighbours, where XLA's cumsum is a reduce-window kernel of its own
+  (G x G elements: small for any expert count)."""
+  i = jnp.arange(x.shape[0])
+  return jnp.sum(jnp.where(i[None, :] <= i[:, None], x[None, :], 0), axis=1).astype(i32)
+
+
 def ragged_pieces(group_sizes, m: int, tile_m: int):
   """(pieces, piece_counts) of RaggedScheduler, in XLA (small int32 arrays).
 
@@ -277,12 +285,12 @@ def ragged_pieces(group_sizes, m: int, tile_m: int):
   """
   g = group_sizes.shape[0]
   sizes = jnp.maximum(group_sizes.astype(i32), 0)
-  ends = jnp.minimum(jnp.cumsum(sizes), m).astype(i32)
+  ends = jnp.minimum(_inclusive_sum(sizes), m)
   lo = jnp.concatenate([jnp.zeros((1,), i32), ends])        # [G + 1]
   hi = jnp.concatenate([ends, jnp.full((1,), m, i32)])
   first_tile = lax.div(lo, i32(tile_m))
   count = jnp.where(hi > lo, lax.div(hi + i32(tile_m - 1), i32(tile_m)) - first_tile, 0)
-  end = jnp.cumsum(count).astype(i32)                        # pieces before segment s + 1
+  end = _inclusive_sum(count)                                # pieces before segment s + 1
   slots = pl.cdiv(m, tile_m) + g                             # >= sum(count)
   p = jnp.arange(slots, dtype=i32)
   # compare_all: one fused comparison (the default method is a loop of kernels).
