@@ -98,8 +98,8 @@ class _Walk:
 
   # Schedulers whose every tile runs exactly one K pass need no pass loop; where
   # a tile runs at most one (tile.passes 0 or 1), `single_pass` asks the Hopper
-  # kernel for a branch instead of a loop of 0 or 1 trips (the Blackwell kernel
-  # keeps its loop: its registers are not the limit there).
+  # kernel for a branch instead of a loop of 0 or 1 trips (the Blackwell kernel,
+  # whose accumulators live in TMEM, keeps its loop).
   static_passes = False
   single_pass = False
   # Whether num_units is the walk's count (else an upper bound; the count is read).
