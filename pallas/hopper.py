@@ -12,13 +12,16 @@ Warp roles (one CTA per SM, persistent; every role walks the scheduler itself):
   (tile_m, k_step * 128) and the B tile (tile_n, k_step * 128) into an SMEM
   ring of `stages` slots; in clusters, the shared operand is multicast. The
   ring runs on across tiles: the next tile's loads overlap this tile's last
-  WGMMAs and its epilogue.
+  WGMMAs and its epilogue. With `tma_scales` (the rules' choice from M = 2048)
+  a slot also holds its K block's a-scales (a_scale transposed to [kb, M]) and
+  per-row b scales, brought by the same TMA barrier.
 - `consumer` (2 or 3 warpgroups, each a (wm, wn) part of the tile):
   `consumer_k_step` issues one WGMMA per 128-deep K block into a fresh
   accumulator (`plgpu.ACC`) and promotes it into the float32 register
   accumulator: acc += block * factor (two-level accumulation: FP8 tensor cores
   sum 128 products with ~14 bits; the sum over K blocks runs in float32). The
-  scales of the next step load from GMEM while this step's WGMMAs run.
+  scales come from the slot's SMEM at the step's top (tma_scales), else the
+  next step's load from GMEM while this step's WGMMAs run.
   `epilogue`: (+ beta * c), rows outside the problem zeroed, cast, SMEM, TMA
   store in (64, epi_tile_n) pieces, c prefetched piece by piece (a ragged
   piece's rows only: OutputStores.store_rows).
@@ -28,7 +31,8 @@ reads out of bounds give zeros (exact for the partial last K block and partial
 M/N tiles) and TMA writes out of bounds are dropped. Mosaic's tiled TMA needs
 every dimension to be a multiple of its SMEM tile (or smaller), so the wrapper
 zero-pads what is not (K to 128, M and N to 8, the output's N to 64, the
-A-scale rows to whole 64-row chunks); padding is exact and sliced off.
+A-scale rows to whole 64-row chunks, or transposed for tma_scales); padding is
+exact and sliced off.
 """
 from __future__ import annotations
 
@@ -80,14 +84,20 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   fp8 = a_gmem.dtype
   cm, cn = cfg.chunk()
+  stage_b_scales = cfg.tma_scales and prob.recipe.per_row_b
+  full_arrivals = (3 if prob.glu_rows else 2) + cfg.tma_scales + stage_b_scales
   scratch = dict(
       a_smem=plgpu.SMEM((stages, tile_m, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       out_smem=plgpu.SMEM((consumers, cfg.out_slots(glu=bool(prob.glu_rows)), cm, cfg.epi_tile_n), out_dtype,
                           transforms=tiled(out_dtype, cfg.epi_tile_n)),
-      **ProducerConsumerPipeline.barriers(stages, full_arrivals=3 if prob.glu_rows else 2,
+      **ProducerConsumerPipeline.barriers(stages, full_arrivals=full_arrivals,
                                           empty_arrivals=consumers, cluster_axes=cluster_axes),
   )
+  if cfg.tma_scales:  # each slot's K block's scales (TMA destinations: 128-byte aligned)
+    scratch["a_scales"] = plgpu.SMEM((stages, 1, tile_m), jnp.float32)
+    if stage_b_scales:
+      scratch["b_scales"] = plgpu.SMEM((stages, 1, tile_n), jnp.float32)
   if prob.exact_rows:  # a piece's rows, sliced anywhere by the partial stores
     scratch["rows_smem"] = plgpu.SMEM((consumers, cm, cfg.epi_tile_n), out_dtype)
   if window:
@@ -101,7 +111,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
   def _scope(a_smem, b_smem, out_smem, full, empty, c_smem=None, c_barrier=None, a_stage=None,
-             stage_full=None, stage_empty=None, rows_smem=None):
+             stage_full=None, stage_empty=None, rows_smem=None, a_scales=None, b_scales=None):
     inputs = ProducerConsumerPipeline(full, empty, stages)
     # a-scale windows: a 2-slot ring the producer fills with generic stores
     scale_ring = ProducerConsumerPipeline(stage_full, stage_empty, 2) if window else None
@@ -155,6 +165,16 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
             with produce(step0 + ks) as st:
               bar = inputs.producer_mbar(st)
               kcols = pl.ds((tile.k0 + ks * k_step) * K_BLOCK, step_k)
+              if cfg.tma_scales:
+                # The consumers' reads of this slot's scales (generic proxy) are
+                # ordered before the TMA that overwrites them (async proxy).
+                plgpu.commit_smem()
+                kb = pl.ds(tile.k0 + ks, 1)
+                plgpu.copy_gmem_to_smem(as_gmem.at[tile.a_group, kb, pl.ds(tile.m0, tile_m)],
+                                        a_scales.at[st.index], bar)
+                if stage_b_scales:
+                  plgpu.copy_gmem_to_smem(bs_gmem.at[tp.b_group, kb, pl.ds(tile.n0, tile_n)],
+                                          b_scales.at[st.index], bar)
               plgpu.copy_gmem_to_smem(
                   a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols], a_smem.at[st.index],
                   bar, collective_axes=cluster_axes if cfg.cluster_n > 1 else None)
@@ -194,7 +214,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       if c_gmem is not None:
         c_ring = PrefetchRing(c_smem.at[wg], c_barrier, first_barrier=wg * 2)
       stores = OutputStores(out_smem.at[wg], None if rows_smem is None else rows_smem.at[wg])
-      warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem, window, a_stage, scale_ring)
+      warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem, window, a_stage, scale_ring,
+                             a_scales, b_scales)
 
       def tile_body(i, step):
         tile = sched.tile(cta + i * num_ctas, cluster_index)
@@ -233,6 +254,8 @@ class _Warpgroup:
   a_window: int = 0        # K steps per staged a-scale window (0: a-scales from GMEM)
   a_stage: object = None   # the windows' SMEM ring, [2, window * k_step, tile_m]
   scale_ring: object = None
+  a_scales: object = None  # tma_scales: the ring's a-scales, [stages, 1, tile_m]
+  b_scales: object = None  # ... and per-row b scales, [stages, 1, tile_n]
 
   @property
   def chunks(self):
@@ -267,11 +290,11 @@ class _Warpgroup:
     return tuple(zero for _ in self.parts)
 
   # -- scales ------------------------------------------------------------------
-  def k_block_scales(self, tile, tp, kb, a_staged=None):
+  def k_block_scales(self, tile, tp, kb, a_staged=None, b_staged=None):
     """(row factors of the chunk row offsets, b scales of the part column
     offsets) of K block kb; with one part carrying the product: ((product,), ()).
     a_staged: the block's a-scales staged in SMEM ([tile_m], the tile's rows),
-    else they load from GMEM.
+    else they load from GMEM; b_staged: its per-row b scales ([tile_n]).
     A block past the unit's K range (the zeros of a partial last step) gets
     factor 0 (never inf * 0)."""
     cfg, recipe = self.cfg, self.prob.recipe
@@ -298,8 +321,12 @@ class _Warpgroup:
       rows_scales.append(s)
     col_scales = []
     for c in sorted({c for _, c in self.parts}):
-      b = recipe.load_b(self.bs_gmem, tp.b_group, kb, self.b_row(tile, wc + c), cfg.piece_n(),
-                        plgpu.Layout.WGMMA.reduce(0))
+      if b_staged is not None:
+        b = plgpu.load(b_staged.at[pl.ds(wc + c, cfg.piece_n())],
+                       layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+      else:
+        b = recipe.load_b(self.bs_gmem, tp.b_group, kb, self.b_row(tile, wc + c),
+                          cfg.piece_n(), plgpu.Layout.WGMMA.reduce(0))
       col_scales.append(zero_unless(valid, b) if self.partial_last_step else b)
     if len(self.parts) == 1 and cfg.scale_product and not recipe.per_row_b:
       return (recipe.row_factor(rows_scales[0], col_scales[0]),), ()
@@ -321,12 +348,13 @@ class _Warpgroup:
     recipe = self.prob.recipe
     return recipe.factor(recipe.row_factor(a, b), b, shape)
 
-  def step_scales(self, tile, tp, ks, a_staged=None):
+  def step_scales(self, tile, tp, ks, a_staged=None, b_staged=None):
     """The scales of step ks's K blocks; a_staged: their a-scales in SMEM
-    ([k_step, tile_m])."""
+    ([k_step, tile_m]); b_staged: their per-row b scales ([k_step, tile_n])."""
     k_step = self.cfg.k_step
     return tuple(self.k_block_scales(tile, tp, tile.k0 + ks * k_step + j,
-                                     None if a_staged is None else a_staged.at[j])
+                                     None if a_staged is None else a_staged.at[j],
+                                     None if b_staged is None else b_staged.at[j])
                  for j in range(k_step))
 
   # -- the K loop ----------------------------------------------------------------
@@ -334,6 +362,8 @@ class _Warpgroup:
     """One K pass over the tile: k_steps pipeline steps from step0."""
     if self.a_window:
       return self.run_staged_pass(inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps)
+    if self.cfg.tma_scales:
+      return self.run_tma_scales_pass(inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps)
 
     if not self.prob.scheduler.static_passes:
       # Grouped schedulers (a loop of K passes, or a branch, around this one) take
@@ -356,6 +386,28 @@ class _Warpgroup:
       return acc, scales, inputs.next_index(slot)
     carry = (acc, self.step_scales(tile, tp, i32(0)), inputs.stage(step0).index)
     return lax.fori_loop(i32(0), i32(k_steps), body, carry)[0]
+
+  def run_tma_scales_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
+    """run_pass with each slot's scales in SMEM beside its operands
+    (HopperConfig.tma_scales): a step reads them at its top, before its WGMMA."""
+    def k_step(slot, ks, acc):
+      b_staged = None if self.b_scales is None else self.b_scales.at[slot]
+      scales = self.step_scales(tile, tp, ks, self.a_scales.at[slot], b_staged)
+      return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc,
+                                  scales, k_steps, load_next=False)[0]
+
+    if not self.prob.scheduler.static_passes:  # (the slot from the step: see run_pass)
+      def step_body(ks, acc):
+        with inputs.consume(step0 + ks) as st:
+          return k_step(st.index, ks, acc)
+      return lax.fori_loop(i32(0), i32(k_steps), step_body, acc)
+
+    def body(ks, carry):
+      acc, slot = carry
+      with inputs.consume_slot(slot):
+        acc = k_step(slot, ks, acc)
+      return acc, inputs.next_index(slot)
+    return lax.fori_loop(i32(0), i32(k_steps), body, (acc, inputs.stage(step0).index))[0]
 
   def run_staged_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """run_pass with the a-scales staged by the producer, a window of steps at a
@@ -525,11 +577,13 @@ def _tiling(cfg: HopperConfig) -> problem.Tiling:
   cfg.check()
   def pad(a, a_scale, b, c, out_dtype, out_n=None):
     # The A-scales are loaded from GMEM as given, rows padded to whole chunks
-    # (staged: to whole tiles, which the producer loads); the output's columns
-    # to whole tiles of its SMEM layout.
+    # (staged: to whole tiles, which the producer loads), or transposed for the
+    # ring's TMA (a K block's scales of a tile are one contiguous box); the
+    # output's columns to whole tiles of its SMEM layout.
     (tiling, _) = tiled(out_dtype, cfg.epi_tile_n)
     return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                       out_cols_multiple=max(64, tiling.tiling[1]), transpose_a_scale=False,
+                       out_cols_multiple=max(64, tiling.tiling[1]),
+                       transpose_a_scale=cfg.tma_scales,
                        a_scale_rows_multiple=cfg.tile_m if cfg.a_scale_window else CHUNK_M,
                        out_n=out_n)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,

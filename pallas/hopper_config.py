@@ -56,6 +56,12 @@ class HopperConfig:
   stores it transposed into a 2-slot SMEM ring, so that a consumer's scales of
   a K block are one contiguous SMEM load instead of a strided GMEM load per
   step (window_steps: the largest divisor of a pass's K steps up to this).
+  tma_scales: each ring slot also holds its K block's scales, brought by the
+  slot's TMA: the a-scales (of a_scale transposed to [kb, M], a (1, tile_m)
+  box) and, for per-row b scales, b's (a (1, tile_n) box); a consumer reads
+  them from SMEM at the step's top. Before refilling a slot the producer
+  fences the consumers' generic-proxy reads of it (ordered before its TMA
+  write through the "empty" barrier).
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -74,6 +80,7 @@ class HopperConfig:
   scale_product: bool = True
   wide_chunks: bool = False
   a_scale_window: int = 0
+  tma_scales: bool = False
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -141,6 +148,9 @@ class HopperConfig:
     if self.a_scale_window and (self.a_scale_window > 32 or self.tile_m not in (128, 256)):
       raise ValueError(f"a_scale_window={self.a_scale_window} needs tile_m 128 or 256 (a "
                        "row or two per producer thread) and at most 32 steps")
+    if self.tma_scales and (self.a_scale_window or self.k_step != 1):
+      raise ValueError("tma_scales stages one K block's scales per slot: it needs k_step=1 "
+                       "and no a_scale_window")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
       raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
                        f"{self.producer_registers}")
@@ -177,6 +187,8 @@ class HopperConfig:
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
     staged = 2 * self.a_scale_window * self.k_step * self.tile_m * 4  # at most
+    if self.tma_scales:  # (b's per-row scales too, at most)
+      staged += self.stages * (self.tile_m + self.tile_n) * 4
     return self.stages * stage + epi + staged + 1024  # barriers and alignment slack
 
   def window_steps(self, k_steps: int) -> int:

@@ -94,7 +94,15 @@ WIDE_TILES = ((128, 192, "m", 2),)
 # Per-row b scales (a column factor per chunk column next to the row factors)
 # spill beyond one 64 x 128 accumulator per warpgroup: 128 x 128 tiles, the
 # warpgroups side by side (two 64 x 64 chunks each) slightly ahead.
-PER_ROW_B_TILES = {(128, 128, "n", 2): 1.0, (128, 128, "m", 2): 0.96, (64, 128, "n", 2): 0.8}
+PER_ROW_B_TILES = {(128, 128, "m", 2): 1.0, (128, 128, "n", 2): 0.99, (64, 128, "n", 2): 0.8}
+# (With the scales brought by TMA, below: the warpgroups one above the other
+# 1% ahead; from GMEM the side-by-side ones were 4% ahead.)
+# Each ring slot's scales brought by its TMA (HopperConfig.tma_scales) from
+# this M on, outside masked groups and two-block steps: dense GEMMs at M = 2048
+# and 4096 1-5% faster, per-row b scales 7-14%, ragged groups 0-3%; at
+# M = 1024 (one 128 x 256 tile per CTA) 7% slower, masked 192 x 128 tiles
+# 3-7% slower over fills, decode tiles (one-block steps) 8-14% slower.
+TMA_SCALES_MIN_M = 2048
 # One K block of a 128 x 256 tile at large M (~1300 TFLOP/s over 132 SMs).
 _TILE_BLOCK_US = 0.85
 # A large-M tile's fixed part (first loads, epilogue) in K blocks of its own
@@ -200,10 +208,16 @@ def chains_tiles(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1,
           and unit_steps(cfg, k) % cfg.stages == 0)
 
 
+def tma_scales_pay(m: int, masked: bool, k_step: int) -> bool:
+  """Whether the ring's TMA should bring each slot's scales (TMA_SCALES_MIN_M)."""
+  return m >= TMA_SCALES_MIN_M and not masked and k_step == 1
+
+
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:
-  """The 4-deep ring of 128 x 256 tiles at large M (past RING_BYTES)."""
+  """The 4-deep ring of 128 x 256 tiles at large M (past RING_BYTES), its scales
+  from GMEM (with them in the ring it spilled and ran 4% slower than 3 stages)."""
   return (m > DECODE_MAX_M and (cfg.tile_m, cfg.tile_n) == _DEEP_RING_TILE and cfg.k_step == 1
-          and cfg.stages == _DEEP_RING_STAGES)
+          and cfg.stages == _DEEP_RING_STAGES and not cfg.tma_scales)
 
 
 def _short_k(cfg: HopperConfig, m: int, k: int) -> bool:

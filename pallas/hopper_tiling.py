@@ -43,8 +43,9 @@ _EXPLORED_LARGE_M_TILES = ((128, 128, "n", 2), (64, 256, "n", 2), (256, 128, "m"
 # (128 x 256): 72 leaves the consumers 216, where ptxas's K loop does not spill.
 _TWO_CHUNK_PRODUCER_REGISTERS = 72
 # K steps per staged a-scale window of the wide 128 x 192 tiles (HopperConfig.
-# a_scale_window): their warpgroups read a-scales from SMEM, 2-3% faster than
-# from GMEM; 128 x 256 tiles (two chunk rows per warpgroup) were 8-10% slower so.
+# a_scale_window) where the ring's TMA does not bring the scales: their
+# warpgroups read a-scales from SMEM, 2-3% faster than from GMEM; 128 x 256
+# tiles (two chunk rows per warpgroup) were 8-10% slower so.
 _WIDE_TILE_A_SCALE_WINDOW = 4
 # Up to this many K blocks the epilogue is a large part of a tile's time and
 # stores of 256-byte rows pay; with longer K loops their SMEM is better left to
@@ -172,8 +173,10 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
   for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
                                                           row_masks=row_masks, masked=masked):
     wide = (tm, tn, split, consumers) in hopper_cost.WIDE_TILES
+    tma = hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1))
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
-                       wide_chunks=wide, a_scale_window=_WIDE_TILE_A_SCALE_WINDOW if wide else 0,
+                       wide_chunks=wide, tma_scales=tma,
+                       a_scale_window=_WIDE_TILE_A_SCALE_WINDOW if wide and not tma else 0,
                        **fields)
     if grouped and not _grouped_allows(cfg):
       continue
@@ -257,7 +260,8 @@ def glu_config(m: int, f: int, k: int, *, out_dtype) -> HopperConfig:
   a third warpgroup would leave none of them registers for two)."""
   del f, k
   cfg = HopperConfig(tile_m=128, tile_n=256, wg_split="m", **_order_and_scales(m),
-                     epi_tile_n=SCALE_N if np.dtype(out_dtype) == FP8_OUT else 64)
+                     epi_tile_n=SCALE_N if np.dtype(out_dtype) == FP8_OUT else 64,
+                     tma_scales=hopper_cost.tma_scales_pay(m, False, 1))
   cfg = _with_registers(cfg)
   return _fit_stages(cfg, out_dtype, None, max_stages=ring_stages(cfg))
 

@@ -47,6 +47,10 @@ H_WIDE_STAGED = dataclasses.replace(H_WIDE_CHUNK, a_scale_window=4)
 # of 32: a part never straddles two 128-row blocks of b).
 H_WIDE_160 = hopper.HopperConfig(tile_m=128, tile_n=160, wg_split="m", stages=2, num_sms=2,
                                  wide_chunks=True, epi_tile_n=32)
+# Every slot's scales brought by its TMA (the rules' choice from M = 2048): per-row
+# b scales too; the warpgroups one above the other, or side by side.
+H_TMA_M = dataclasses.replace(H_SPLIT_M, tma_scales=True)
+H_TMA_N = dataclasses.replace(H_SPLIT_N, tma_scales=True)
 B_SMALL = blackwell.BlackwellConfig(tile_n=64, input_stages=2, num_ctas=3, epi_tile_n=32)
 B_WIDE = blackwell.BlackwellConfig(tile_n=256, input_stages=2, tmem_stages=2, num_ctas=2)
 
@@ -119,6 +123,9 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
     ("sm90", H_WIDE_CHUNK, 136, 400, 850, F32),
     ("sm90", H_WIDE_STAGED, 136, 400, 768, F32),           # ... a-scales staged in SMEM
     ("sm90", H_WIDE_160, 136, 400, 850, F32),              # 32-column parts; 3 column tiles
+    ("sm90", H_TMA_M, 200, 136, 384, F32),                  # b's scales by TMA as well
+    ("sm90", H_TMA_N, 200, 330, 300, BF16),
+    ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 70, 200, 300, F32),
     ("sm100", B_SMALL, 130, 200, 300, F32),
     ("sm100", B_WIDE, 100, 300, 256, BF16),
 ])
@@ -145,6 +152,8 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", H_WIDE_CHUNK, 300, [129, 127, 0, 1]),             # one 64 x 192 WGMMA per warpgroup
     ("sm90", H_WIDE_STAGED, 300, [129, 127, 0, 1]),            # a-scales staged: a window per pass
     ("sm90", H_WIDE_160, 300, [129, 127, 0, 1]),
+    ("sm90", H_TMA_M, 300, [129, 127, 0, 1]),                  # scales by TMA, per piece
+    ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 200, [37, 0, 1, 100, 20]),
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),
     ("sm100", B_SMALL, 200, [-5, 129, 3]),                     # a negative size counts as 0
@@ -165,6 +174,7 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", H_WIDE_STAGED, 130, [129, 1], BF16),
     ("sm90", dataclasses.replace(H_WIDE_160, a_scale_window=4), 130, [129, 1], BF16),
     ("sm90", dataclasses.replace(H_SMALL, k_step=2), 64, [64, 5, 200], F32),  # clamped to M
+    ("sm90", H_TMA_M, 130, [129, 1], BF16),
     # pairs of CTAs sharing B (3 row tiles: a pair's second CTA runs past M, and past
     # masked_m where its first holds rows) or sharing A (one pair of column tiles)
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_m=2), 130, [0, 130, 37, 65], F32),
@@ -193,6 +203,8 @@ def _quantize_1x128_model(x, power_of_two):
                                  epi_tile_n=128)),
     ("sm90", hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, num_sms=2,
                                  epi_tile_n=128, k_step=2)),
+    ("sm90", hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, num_sms=2,
+                                 epi_tile_n=128, tma_scales=True)),
     ("sm100", B_WIDE),                                             # 4 pieces, 2 groups
 ])
 @pytest.mark.parametrize("power_of_two", [False, True])
@@ -233,8 +245,9 @@ def test_fused_glu(arch, activation, out_dtype):
   ops = testing.random_operands(3, m, 2 * f, k)
   fp8 = out_dtype == np.dtype(FP8)
   if arch == "sm90":
+    # (FP8 output: every slot's scales by TMA, as the rules give M >= 2048)
     cfg = hopper.HopperConfig(tile_m=128, tile_n=256, wg_split="m", stages=2, num_sms=2,
-                              epi_tile_n=128 if fp8 else 64)
+                              epi_tile_n=128 if fp8 else 64, tma_scales=fp8)
   else:
     cfg = blackwell.BlackwellConfig(tile_n=256, input_stages=2, num_ctas=2)
   fn = lambda *x: KERNELS[arch].glu(*x, activation=activation, out_dtype=out_dtype, config=cfg)

@@ -143,6 +143,17 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (300, 200, 1664, dataclasses.replace(DEFAULT_LARGE, tile_m=256, tile_n=128, wg_split="m",
                                          stages=2, a_scale_window=16), True, BF16, -1.0,
      jnp.bfloat16),
+    # every slot's scales brought by its TMA (tma_scales, a-scales transposed): 128 x 256
+    # tiles chained over 3 tiles per CTA with c (N, K partial); wide 128 x 192 tiles;
+    # 64-row tiles in B-sharing pairs (each CTA brings its own a-scales); a K split
+    (300, 520, 850, dataclasses.replace(DEFAULT_LARGE, stages=2, tma_scales=True), True, BF16,
+     -1.0, jnp.bfloat16),
+    (136, 400, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=3,
+                                        wide_chunks=True, tma_scales=True), True, F32, 0.5,
+     jnp.float32),
+    (200, 150, 512, dataclasses.replace(CHAIN, num_sms=4, cluster_m=2, tma_scales=True), False,
+     F32, 1.0, None),
+    (70, 200, 1000, dataclasses.replace(SPLIT_K, tma_scales=True), True, F32, 0.5, jnp.float32),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,

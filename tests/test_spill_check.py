@@ -45,10 +45,15 @@ def test_every_kind_lowers_for_cuda(case):
 @requires_gpu(major=9)
 def test_gpu_default_tilings_do_not_spill():
   cases = ["dense:1024x4096x7168", "dense:512x7168x16384", "dense:512x7168x2048",
-           "dense:512x7168x18432", "dense:4096x4096x7168", "dense:4096x7168x2048",
-           "wgrad:7168x18432x4096", "glu8:4096x18432x7168", "masked:4x384x7168x2048"]
-  run = subprocess.run([sys.executable, os.path.join(_TOOLS, "spill_check.py"),
-                        "--cases=" + ",".join(cases)], capture_output=True, text=True,
-                       timeout=600)
-  assert run.returncode == 0, run.stdout + run.stderr
-  assert run.stdout.count(" 0 bytes spilled") == len(cases), run.stdout
+           "dense:512x7168x18432", "wgrad:7168x18432x4096", "glu8:4096x18432x7168",
+           "masked:4x384x7168x2048"]
+  # 128 x 256 tiles with their scales in the ring (tma_scales) spill 4-8 bytes,
+  # stored and loaded once per tile after the K loop (its SASS, 2026-11-26); they
+  # ran 4-6% faster than the spill-free form with the scales from GMEM.
+  few = ["dense:4096x4096x7168", "dense:4096x7168x2048"]
+  for chosen, max_bytes in ((cases, 0), (few, 8)):
+    run = subprocess.run([sys.executable, os.path.join(_TOOLS, "spill_check.py"),
+                          "--cases=" + ",".join(chosen), f"--max_bytes={max_bytes}"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count(" bytes spilled") == len(chosen), run.stdout

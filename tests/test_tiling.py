@@ -62,6 +62,8 @@ def _config(spec: str) -> hopper.HopperConfig:
       cfg["scale_product"] = False
     elif f == "wide":
       cfg["wide_chunks"] = True
+    elif f == "tma":
+      cfg["tma_scales"] = True
     elif f[0] == "o":
       cfg["grid_minor"] = f[1:]
     else:
@@ -98,31 +100,31 @@ FROZEN_PICKS = [
                            '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1081 -> 1150 TFLOP/s at bf16)
     # a-scales staged in SMEM by 4-step windows since 2026-11-26 (H200: +2.3%)
-    (4096, 2112, 7168, '', {'128x192m2 s3 e64 on wide aw4': 'bf16 bf16+cbf16 bf16+cf32',
-                            '128x192m2 s3 e32 on wide aw4': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72': 'bf16',
-                             '128x256n2 s2 e64 on p72': 'bf16+cf32',
-                             '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
-                             '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
-    (4096, 32768, 512, '', {'192x128m3 s4 e128 on': 'bf16',
-                            '192x128m3 s2 e64 on': 'bf16+cf32',
-                            '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
-                            '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
-    (4096, 7168, 16384, '', {'128x256n2 s4 e64 on p72': 'bf16',
-                             '128x256n2 s2 e64 on p72': 'bf16+cf32',
-                             '128x256n2 s3 e64 on p72': 'bf16+cbf16',
-                             '128x256n2 s4 e32 on p72': 'f32',
-                             '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
-    (4096, 4096, 7168, '', {'128x256n2 s3 e64 on p72': 'bf16 bf16+cbf16',
-                            '128x256n2 s2 e64 on p72': 'bf16+cf32',
-                            '128x256n2 s3 e32 on p72': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72': 'bf16',
-                            '128x256n2 s2 e64 on p72': 'bf16+cf32',
-                            '128x256n2 s3 e64 on p72': 'bf16+cbf16 f32',
-                            '128x256n2 s3 e32 on p72': 'f32+cf32 f32+cbf16'}),
+    # from M = 2048 every slot's scales come by the ring's TMA ("tma") since 2026-11-26
+    # (H100: +1-5% at the M = 2048 / 4096 shapes, per-row b scales +7-14%)
+    (4096, 2112, 7168, '', {'128x192m2 s3 e64 on wide tma': 'bf16 bf16+cbf16 bf16+cf32',
+                            '128x192m2 s3 e32 on wide tma': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma': 'bf16',
+                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
+                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
+                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
+    (4096, 32768, 512, '', {'192x128m3 s4 e128 on tma': 'bf16',
+                            '192x128m3 s2 e32 on tma': 'bf16+cf32',
+                            '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
+                            '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
+    (4096, 7168, 16384, '', {'128x256n2 s3 e64 on p72 tma': 'bf16 bf16+cbf16',
+                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
+                             '128x256n2 s3 e32 on p72 tma': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 4096, 7168, '', {'128x256n2 s3 e64 on p72 tma': 'bf16 bf16+cbf16',
+                            '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
+                            '128x256n2 s3 e32 on p72 tma': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma': 'bf16',
+                            '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
+                            '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
+                            '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1142 -> 1197 TFLOP/s at bf16)
-    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide aw4': 'bf16',
-                                   '128x192m2 s3 e32 on wide aw4': 'f32'}),
+    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide tma': 'bf16',
+                                   '128x192m2 s3 e32 on wide tma': 'f32'}),
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
     # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M
     (1024, 4096, 7168, 'masked x1', {'192x128m3 s3 e64 on': 'bf16',
@@ -134,8 +136,8 @@ FROZEN_PICKS = [
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
                                     '64x256n2 s3 e32 om sep': 'f32'}),
     # 2026-11-26: 128 x 256 split by columns (192 x 128 before), 0.4-2.9% faster
-    (32768, 7168, 2048, 'ragged', {'128x256n2 s3 e64 on p72': 'bf16',
-                                   '128x256n2 s3 e32 on p72': 'f32'}),
+    (32768, 7168, 2048, 'ragged', {'128x256n2 s3 e64 on p72 tma': 'bf16',
+                                   '128x256n2 s3 e32 on p72 tma': 'f32'}),
     (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on': 'bf16',
                                      '192x128m3 s3 e32 on': 'f32'}),
     (512, 7168, 2048, 'masked x2', {'192x128m3 s3 e64 om': 'bf16',
@@ -144,22 +146,23 @@ FROZEN_PICKS = [
                                     '192x128m3 s3 e32 om': 'f32'}),
     (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
                                     '64x256n2 s3 e64 om sep': 'f32'}),
-    (7168, 18432, 4096, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
-                                      '128x128n2 s4 e32 on p72': 'f32'}),
-    (7168, 18432, 16384, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
-                                       '128x128n2 s4 e32 on p72': 'f32'}),
-    (18432, 7168, 4096, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
-                                      '128x128n2 s4 e32 on p72': 'f32'}),
-    (18432, 7168, 16384, 'per-row b', {'128x128n2 s4 e64 on p72': 'bf16',
-                                       '128x128n2 s4 e32 on p72': 'f32'}),
-    (4096, 18432, 7168, '', {'128x256n2 s3 e64 on p72': 'bf16',
-                             '128x256n2 s3 e32 on p72': 'f32'}),
-    (4096, 7168, 18432, '', {'128x256n2 s4 e64 on p72': 'bf16',
-                             '128x256n2 s4 e32 on p72': 'f32'}),
-    (16384, 18432, 7168, '', {'128x256n2 s3 e64 on p72': 'bf16',
-                              '128x256n2 s3 e32 on p72': 'f32'}),
-    (16384, 7168, 18432, '', {'128x256n2 s4 e64 on p72': 'bf16',
-                              '128x256n2 s4 e32 on p72': 'f32'}),
+    # per-row b: warpgroups one above the other since the scales came by TMA (+13%)
+    (7168, 18432, 4096, 'per-row b', {'128x128m2 s4 e64 on tma': 'bf16',
+                                      '128x128m2 s4 e32 on tma': 'f32'}),
+    (7168, 18432, 16384, 'per-row b', {'128x128m2 s4 e64 on tma': 'bf16',
+                                       '128x128m2 s4 e32 on tma': 'f32'}),
+    (18432, 7168, 4096, 'per-row b', {'128x128m2 s4 e64 on tma': 'bf16',
+                                      '128x128m2 s4 e32 on tma': 'f32'}),
+    (18432, 7168, 16384, 'per-row b', {'128x128m2 s4 e64 on tma': 'bf16',
+                                       '128x128m2 s4 e32 on tma': 'f32'}),
+    (4096, 18432, 7168, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
+                             '128x256n2 s3 e32 on p72 tma': 'f32'}),
+    (4096, 7168, 18432, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
+                             '128x256n2 s3 e32 on p72 tma': 'f32'}),
+    (16384, 18432, 7168, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
+                              '128x256n2 s3 e32 on p72 tma': 'f32'}),
+    (16384, 7168, 18432, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
+                              '128x256n2 s3 e32 on p72 tma': 'f32'}),
 ]
 
 
@@ -266,12 +269,18 @@ def test_cost_model_terms():
   pair = hopper_tiling.default_config(128, 7168, 16384)
   assert pair.cluster_n == 2 and hopper_cost.unmodelled(pair, 128, 24576, 16384)
   assert hopper_tiling.default_config(128, 7168, 7168).cluster_n == 1
-  # The 4-deep ring of 128 x 256 tiles: faster than 3 stages where it chains over
-  # >= 64 K blocks, slower at 56.
-  deep = hopper_tiling.default_config(4096, 7168, 16384)
-  three = dataclasses.replace(deep, stages=3)
-  assert deep.stages == 4 and est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
+  # The 4-deep ring of 128 x 256 tiles with their scales from GMEM: faster than 3
+  # stages where it chains over >= 64 K blocks, slower at 56; with the scales in
+  # the ring (tma_scales, from M = 2048) 3 stages.
+  three = hopper_tiling.default_config(4096, 7168, 16384)
+  assert three.stages == 3 and three.tma_scales
+  assert est(dataclasses.replace(three, stages=4), 4096, 7168, 16384) > est(three, 4096, 7168,
+                                                                             16384)
+  three = dataclasses.replace(three, tma_scales=False)
+  deep = dataclasses.replace(three, stages=4)
+  assert est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
   assert est(deep, 4096, 4096, 7168) > est(three, 4096, 4096, 7168)
+  assert hopper_tiling.default_config(1024, 32768, 16384).stages == 4  # (no tma_scales)
   # Tiles the model has no measurement for are left to autotuning.
   odd = hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m")
   assert "measurement" in hopper_cost.unmodelled(odd, 4096, 4096, 4096)
@@ -289,10 +298,16 @@ def test_default_config_rules():
   # ptxas's allocation of the consumers' K loop does not spill.
   assert big.producer_registers == 72
   assert hopper_tiling.default_config(64, 7168, 2048).producer_registers == 40
-  # Long K loops: a 4-deep ring that divides the K blocks, chained; not at K=7168.
-  long_k = hopper_tiling.default_config(4096, 7168, 16384)
-  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 4096, 7168, 16384)
-  assert hopper_tiling.default_config(4096, 4096, 7168).stages == 3
+  # Long K loops, scales from GMEM (M < 2048): a 4-deep ring that divides the K
+  # blocks, chained; not at K=7168.
+  long_k = hopper_tiling.default_config(1024, 32768, 16384)
+  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 1024, 32768, 16384)
+  assert hopper_tiling.default_config(1024, 32768, 7168).stages == 3
+  # From M = 2048 (not masked, one-block steps) every slot's scales come by TMA.
+  assert hopper_tiling.default_config(2048, 4096, 7168).tma_scales
+  assert not hopper_tiling.default_config(1024, 4096, 7168).tma_scales
+  assert not hopper_tiling.default_config(4096, 4096, 7168, groups=2, grouped=True).tma_scales
+  assert hopper_tiling.default_config(4096, 4096, 7168, grouped=True, row_masks=True).tma_scales
   # Narrow N at large M: 128 x 192 tiles of one wide 64 x 192 WGMMA chunk per
   # warpgroup fill the waves (3 of them, where 128 x 128 tiles need 4.1), ahead
   # of three consumers' 192 x 128 tiles (also 3 waves); the producer keeps 40.

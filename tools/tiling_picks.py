@@ -95,7 +95,8 @@ def spec(cfg) -> str:
   if cfg.producer_registers != 40:
     s += f" p{cfg.producer_registers}"
   s += ("" if cfg.scale_product else " sep") + (" wide" if cfg.wide_chunks else "")
-  return s + (f" aw{cfg.a_scale_window}" if cfg.a_scale_window else "")
+  s += f" aw{cfg.a_scale_window}" if cfg.a_scale_window else ""
+  return s + (" tma" if getattr(cfg, "tma_scales", False) else "")
 
 
 def load_revision(rev: str):
