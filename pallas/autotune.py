@@ -212,12 +212,14 @@ def kernel_time_ms(fn: Callable, args: Sequence[Any], *, iters: int = 10,
   return statistics.median(times)
 
 
-def random_operands(seed: int, m: int, n: int, k: int, *, c_dtype=None) -> tuple:
+def random_operands(seed: int, m: int, n: int, k: int, *, c_dtype=None,
+                    b_scale_rows: int = 128) -> tuple:
   """(a, a_scale, b, b_scale, c) to time and check candidates on: random e4m3
   values over most of the format's range (never zeros, which would hide
-  unwritten outputs and run unrealistically fast) and scales over several binades."""
+  unwritten outputs and run unrealistically fast) and scales over several binades.
+  b_scale_rows=1: one b scale per row of b ([n, kb])."""
   rng = np.random.default_rng(seed)
-  kb, nb = -(-k // 128), -(-n // 128)
+  kb, nb = -(-k // 128), -(-n // b_scale_rows)
 
   def fp8(*shape):
     return jnp.asarray(rng.standard_normal(shape).astype(np.float32) * 64).astype(
@@ -232,17 +234,18 @@ def random_operands(seed: int, m: int, n: int, k: int, *, c_dtype=None) -> tuple
   return fp8(m, k), scales(m, kb), fp8(n, k), scales(nb, kb), c
 
 
-def output_check(args, *, beta: float, tol: float) -> Callable[[Any], None]:
+def output_check(args, *, beta: float, tol: float,
+                 b_scale_rows: int = 128) -> Callable[[Any], None]:
   """check(out) for kernel_time_ms: raises unless out is within `tol` (relative
   Frobenius norm; NaN fails) of the contract evaluated in float32 on the device."""
   a, a_scale, b, b_scale, c = args
   n, k = b.shape
-  expand = lambda s, axis: jnp.repeat(s, 128, axis=axis)
+  expand = lambda s, axis, times=128: jnp.repeat(s, times, axis=axis)
 
   @jax.jit
   def reference(a, a_scale, b, b_scale, c):
     a32 = a.astype(jnp.float32) * expand(a_scale, 1)[:, :k]
-    b32 = b.astype(jnp.float32) * expand(expand(b_scale, 0), 1)[:n, :k]
+    b32 = b.astype(jnp.float32) * expand(expand(b_scale, 0, b_scale_rows), 1)[:n, :k]
     out = jnp.dot(a32, b32.T, precision=jax.lax.Precision.HIGHEST)
     return out if c is None else out + beta * c.astype(jnp.float32)
 

@@ -5,6 +5,10 @@ operands rotated past the L2, every output checked against the contract). On the
     python3 tools/compare_configs.py --shapes=4096x2112x7168,4096x7168x2048 \\
         --variants="cluster_m=2; stages=4; tile_n=256,wg_split=n,wide_chunks=False"
 
+--per_row_b times the weight gradient's recipe instead (one b scale per row of b,
+float32 output), as `tools/compare_configs.py --per_row_b --shapes=7168x18432x4096
+--variants="stages=5"`.
+
 A variant is a comma list of HopperConfig fields replaced in the shape's default
 (pallas/hopper_tiling.default_config); variants are separated by ';'. A variant the config
 check refuses, or whose SMEM does not fit, is reported and skipped. Prints TFLOP/s (median
@@ -65,6 +69,8 @@ def main(argv=None) -> int:
   p.add_argument("--variants", required=True, help="';'-separated variants (see above)")
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--iters", type=int, default=20)
+  p.add_argument("--per_row_b", action="store_true",
+                 help="per-row b scales (the weight gradient's recipe), float32 output")
   args = p.parse_args(argv)
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   sys.path.insert(0, os.path.dirname(__file__))
@@ -75,10 +81,12 @@ def main(argv=None) -> int:
   variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
   for shape in args.shapes.split(","):
     m, n, k = (int(x) for x in shape.lower().split("x"))
-    base = hopper_tiling.default_config(m, n, k, out_dtype=jnp.bfloat16)
+    kw = ({"out_dtype": jnp.dtype(jnp.float32), "b_scale_rows": 1} if args.per_row_b
+          else {"out_dtype": jnp.dtype(jnp.bfloat16)})
+    base = hopper_tiling.default_config(m, n, k, **kw)
     configs = variant_configs(base, variants, shape)
-    times = time_pair(m, n, k, {"out_dtype": jnp.dtype(jnp.bfloat16)}, list(configs.values()),
-                      rounds=args.rounds, iters=args.iters)
+    times = time_pair(m, n, k, kw, list(configs.values()), rounds=args.rounds,
+                      iters=args.iters)
     flop = 2 * m * n * k
     base_ms = statistics.median(times[0])
     print(f"{shape}: default {base}")

@@ -124,11 +124,14 @@ def time_pair(m, n, k, kw, configs, rounds=2, iters=20):
   import functools
   from jax_fp8.pallas import autotune
   out_dtype, c_dtype = kw["out_dtype"], kw.get("c_dtype")
-  args = autotune.random_operands(0, m, n, k, c_dtype=c_dtype)
-  check = autotune.output_check(args, beta=1.0, tol=2.5e-4 if out_dtype == F32 else 4e-3)
+  rows = kw.get("b_scale_rows", 128)
+  args = autotune.random_operands(0, m, n, k, c_dtype=c_dtype, b_scale_rows=rows)
+  check = autotune.output_check(args, beta=1.0, tol=2.5e-4 if out_dtype == F32 else 4e-3,
+                                b_scale_rows=rows)
   times = [[] for _ in configs]
   for _, (i, cfg) in itertools.product(range(rounds), enumerate(configs)):
-    fn = functools.partial(hopper.blockwise_fp8_dot, beta=1.0, out_dtype=out_dtype, config=cfg)
+    fn = functools.partial(hopper.blockwise_fp8_dot, beta=1.0, out_dtype=out_dtype, config=cfg,
+                           b_scale_rows=rows)
     times[i].append(autotune.kernel_time_ms(fn, args, iters=iters, check=check))
   return times
 
