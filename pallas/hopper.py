@@ -365,27 +365,12 @@ class _Warpgroup:
     if self.cfg.tma_scales:
       return self.run_tma_scales_pass(inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps)
 
-    if not self.prob.scheduler.static_passes:
-      # Grouped schedulers (a loop of K passes, or a branch, around this one) take
-      # the slot from the step: with the slot carried, ptxas made the masked 4 x 256 7168x2048
-      # kernel 2.9x slower. (The staged pass above carries it: measured faster
-      # on the ragged 128 x 192 tiles.)
-      def step_body(ks, carry):
-        acc, scales = carry
-        with inputs.consume(step0 + ks) as st:
-          return self.consumer_k_step(a_smem.at[st.index], b_smem.at[st.index], tile, tp, ks,
-                                      acc, scales, k_steps)
-      carry = (acc, self.step_scales(tile, tp, i32(0)))
-      return lax.fori_loop(i32(0), i32(k_steps), step_body, carry)[0]
-
-    def body(ks, carry):
-      acc, scales, slot = carry
-      with inputs.consume_slot(slot):
-        acc, scales = self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks,
-                                           acc, scales, k_steps)
-      return acc, scales, inputs.next_index(slot)
-    carry = (acc, self.step_scales(tile, tp, i32(0)), inputs.stage(step0).index)
-    return lax.fori_loop(i32(0), i32(k_steps), body, carry)[0]
+    def k_step(slot, ks, carry):
+      acc, scales = carry
+      return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc, scales,
+                                  k_steps)
+    carry = (acc, self.step_scales(tile, tp, i32(0)))
+    return self.k_loop(inputs, step0, k_steps, k_step, carry)[0]
 
   def run_tma_scales_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """run_pass with each slot's scales in SMEM beside its operands
@@ -395,19 +380,28 @@ class _Warpgroup:
       scales = self.step_scales(tile, tp, ks, self.a_scales.at[slot], b_staged)
       return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc,
                                   scales, k_steps, load_next=False)[0]
+    return self.k_loop(inputs, step0, k_steps, k_step, acc)
 
-    if not self.prob.scheduler.static_passes:  # (the slot from the step: see run_pass)
-      def step_body(ks, acc):
+  def k_loop(self, inputs, step0, k_steps: int, k_step, carry):
+    """carry = k_step(slot, ks, carry) over the pass's k_steps ring steps from
+    step0, each inside its slot's wait and release. Dense passes carry the slot
+    index; grouped schedulers (a loop of K passes, or a branch, around this one)
+    take it from the step: with the slot carried, ptxas made the masked
+    4 x 256 7168x2048 kernel 2.9x slower, and with the scales in the ring the
+    ragged 8 x 4096 7168x2048 one 4x slower. (The staged pass below carries
+    it: measured faster on the ragged 128 x 192 tiles.)"""
+    if not self.prob.scheduler.static_passes:
+      def step_body(ks, carry):
         with inputs.consume(step0 + ks) as st:
-          return k_step(st.index, ks, acc)
-      return lax.fori_loop(i32(0), i32(k_steps), step_body, acc)
+          return k_step(st.index, ks, carry)
+      return lax.fori_loop(i32(0), i32(k_steps), step_body, carry)
 
-    def body(ks, carry):
-      acc, slot = carry
+    def body(ks, carry_slot):
+      carry, slot = carry_slot
       with inputs.consume_slot(slot):
-        acc = k_step(slot, ks, acc)
-      return acc, inputs.next_index(slot)
-    return lax.fori_loop(i32(0), i32(k_steps), body, (acc, inputs.stage(step0).index))[0]
+        carry = k_step(slot, ks, carry)
+      return carry, inputs.next_index(slot)
+    return lax.fori_loop(i32(0), i32(k_steps), body, (carry, inputs.stage(step0).index))[0]
 
   def run_staged_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """run_pass with the a-scales staged by the producer, a window of steps at a
