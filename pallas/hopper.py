@@ -94,7 +94,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=full_arrivals,
                                           empty_arrivals=consumers, cluster_axes=cluster_axes),
   )
-  if cfg.tma_scales:  # each slot's K block's scales (TMA destinations: 128-byte aligned)
+  if cfg.tma_scales:  # each slot's K block's scales, TMA destinations like the operands
     scratch["a_scales"] = plgpu.SMEM((stages, 1, tile_m), jnp.float32)
     if stage_b_scales:
       scratch["b_scales"] = plgpu.SMEM((stages, 1, tile_n), jnp.float32)
