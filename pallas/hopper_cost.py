@@ -92,11 +92,11 @@ MASKED_FILLS = tuple(0.5 + i / 64 for i in range(33))
 # Tiles whose warpgroups' columns form one wide WGMMA chunk (HopperConfig.wide_chunks).
 WIDE_TILES = ((128, 192, "m", 2),)
 # Per-row b scales (a column factor per chunk column next to the row factors)
-# spill beyond one 64 x 128 accumulator per warpgroup: 128 x 128 tiles, the
-# warpgroups side by side (two 64 x 64 chunks each) slightly ahead.
+# spill beyond one 64 x 128 accumulator per warpgroup: 128 x 128 tiles. With the
+# scales brought by TMA (below) the warpgroups one above the other are 1% ahead;
+# with GMEM scales (M < 2048: rare, a weight gradient's M is a feature
+# dimension) the side-by-side ones (two 64 x 64 chunks each) were 4% ahead.
 PER_ROW_B_TILES = {(128, 128, "m", 2): 1.0, (128, 128, "n", 2): 0.99, (64, 128, "n", 2): 0.8}
-# (With the scales brought by TMA, below: the warpgroups one above the other
-# 1% ahead; from GMEM the side-by-side ones were 4% ahead.)
 # Each ring slot's scales brought by its TMA (HopperConfig.tma_scales) from
 # this M on, outside masked groups and two-block steps: dense GEMMs at M = 2048
 # and 4096 1-5% faster, per-row b scales 7-14%, ragged groups 0-3%; at

@@ -14,8 +14,8 @@ The candidates of a shape, in the cost model's order (the default first):
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
 Every candidate is completed the same way: the scales brought by the ring's TMA
 from M = 2048 outside masked groups (hopper_cost.tma_scales_pay), the widest
-epilogue store, the producer's registers, the ring fitted into SMEM. Grouped schedulers take no K
-splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
+epilogue store, the producer's registers, the ring fitted into SMEM. Grouped
+schedulers take no K splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
 capacity: the rows that exist are known on the device only, so its estimate
 is the mean over fills of the capacity (hopper_cost.MASKED_FILLS).
 

@@ -235,6 +235,10 @@ def test_config_validation():
     hopper.HopperConfig(cluster_m=2, cluster_n=2).check()
   with pytest.raises(ValueError, match="k_step"):
     hopper.HopperConfig(k_step=3).check()
+  for fields in (dict(k_step=2), dict(a_scale_window=4)):
+    with pytest.raises(ValueError, match="tma_scales"):
+      hopper.HopperConfig(tma_scales=True, **fields).check()
+  hopper.HopperConfig(tma_scales=True).check()
   with pytest.raises(ValueError, match="a_scale_window"):
     hopper.HopperConfig(tile_m=64, a_scale_window=4).check()
   with pytest.raises(ValueError, match="a_scale_window"):
