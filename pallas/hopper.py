@@ -320,8 +320,11 @@ class _Warpgroup:
         s = zero_unless(valid, s)
       rows_scales.append(s)
     col_scales = []
+    shared = self.shared_b_blocks(tile, tp, kb) if b_staged is None else None
     for c in sorted({c for _, c in self.parts}):
-      if b_staged is not None:
+      if shared is not None:
+        b = shared(c)
+      elif b_staged is not None:
         b = plgpu.load(b_staged.at[pl.ds(wc + c, cfg.piece_n())],
                        layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
       else:
@@ -331,6 +334,35 @@ class _Warpgroup:
     if len(self.parts) == 1 and cfg.scale_product and not recipe.per_row_b:
       return (recipe.row_factor(rows_scales[0], col_scales[0]),), ()
     return tuple(rows_scales), tuple(col_scales)
+
+  def b_blocks_spanned(self) -> int:
+    """The most 128-row blocks of b a warpgroup's columns can span, over the
+    column offsets its tiles can start at (multiples of gcd(tile_n, wn, 128))."""
+    wn = self.cfg.wg_tile()[1]
+    step = np.gcd.reduce([self.cfg.tile_n, wn, SCALE_N])
+    return max((o + wn - 1) // SCALE_N + 1 for o in range(0, SCALE_N, int(step)))
+
+  def shared_b_blocks(self, tile, tp, kb):
+    """128x128 b scales of a warpgroup whose parts outnumber the blocks of b its
+    columns span: one load per block (not per part), and column c's scale
+    picked by a select on c's block (the parts of a 128 x 160 tile's warpgroup:
+    5 of 32 columns over 2 blocks). None where each part loads its own."""
+    cols = sorted({c for _, c in self.parts})
+    span = self.b_blocks_spanned()
+    if self.prob.recipe.per_row_b or self.prob.glu_rows or len(cols) <= span:
+      return None
+    first = self.b_row(tile, self.corner()[1])
+    block0 = lax.div(first, i32(SCALE_N))
+    last = i32(self.bs_gmem.shape[1] - 1)
+    loads = [self.bs_gmem[tp.b_group, jnp.minimum(block0 + d, last), kb] for d in range(span)]
+
+    def pick(c):
+      d = lax.div(first + c, i32(SCALE_N)) - block0
+      b = loads[0]
+      for j in range(1, span):
+        b = jnp.where(d == j, loads[j], b)
+      return b
+    return pick
 
   @property
   def partial_last_step(self) -> bool:
@@ -581,7 +613,7 @@ def _tiling(cfg: HopperConfig) -> problem.Tiling:
                        a_scale_rows_multiple=cfg.tile_m if cfg.a_scale_window else CHUNK_M,
                        out_n=out_n)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
-                        cfg.cluster_m, cfg.cluster_n)
+                        cfg.cluster_m, cfg.cluster_n, cfg.live_first)
 
 
 def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: HopperConfig,

@@ -49,8 +49,8 @@ class HopperConfig:
   width is not a multiple of 64 (each piece within one 128-row block of b,
   whatever the tile's offset): fewer, wider WGMMAs than 128-column chunks (B is
   read from SMEM once for them all), e.g. 128 x 192 tiles split by rows; tiles
-  of 160 columns balance the waves where N = 4096 (26 column tiles), though no
-  default tiling takes them (benchmarks/RESULTS.md, 2026-11-26).
+  of 160 columns balance the waves of masked groups (26 column tiles where
+  N = 4096). The pieces' b scales load once per 128-row block of b.
   a_scale_window: 0, or the most K steps whose a-scales the producer stages at
   once: it loads the tile's (tile_m, window) block of a_scale from GMEM and
   stores it transposed into a 2-slot SMEM ring, so that a consumer's scales of
@@ -62,6 +62,10 @@ class HopperConfig:
   them from SMEM at the step's top. Before refilling a slot the producer
   fences the consumers' generic-proxy reads of it (ordered before its TMA
   write through the "empty" barrier).
+  live_first (masked GEMMs; the other schedulers ignore it): the CTAs walk the
+  tiles holding rows first, group after group, then the tiles past masked_m
+  (pallas/scheduler.MaskedScheduler), so that the round robin shares the live
+  tiles evenly however masked_m falls.
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -81,6 +85,7 @@ class HopperConfig:
   wide_chunks: bool = False
   a_scale_window: int = 0
   tma_scales: bool = False
+  live_first: bool = False
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":

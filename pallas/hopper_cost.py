@@ -84,13 +84,38 @@ RAGGED_SHORT_K_BLOCKS = 16
 # 6% behind on the mean, 19% on fills that give them a last, mostly idle wave.
 # (At 8 x 256 rows 128 x 192 was 25% faster than 192 x 128, whose second row
 # tile is two thirds past the capacity: not modelled.)
-MASKED_TILES = {(192, 128, "m", 3): 1.0, (128, 192, "m", 2): 0.92, (64, 128, "n", 2): 0.6}
+MASKED_TILES = {(192, 128, "m", 3): 1.0, (128, 192, "m", 2): 0.96, (128, 160, "m", 2): 0.885,
+                (64, 128, "n", 2): 0.6}
+# ... of which these walk the groups' live tiles first (HopperConfig.live_first),
+# so that the estimate's even share of the live tiles among the CTAs holds:
+# under the plain walk 128 x 160 tiles at 1 x 1408 took a third wave where two
+# held every live tile. The 192 x 128 tiles' plain walk is balanced at these
+# fills and 1-4% faster than the live-first one (H100, 2026-11-26).
+MASKED_LIVE_FIRST_TILES = ((128, 192, "m", 2), (128, 160, "m", 2))
+# The live-first walk scans the groups' row counts, unrolled, for every tile:
+# up to this many groups (beyond, these tiles are not candidates).
+MASKED_LIVE_FIRST_MAX_GROUPS = 16
+# ... and these take a ring one stage past RING_BYTES (4 stages of 128 x 192:
+# 4 x 384 7168x2048 45.4 us over four fills against 48.3 with 3; MASKED_TILES'
+# efficiency is the deeper ring's). Masked wide tiles stage no a-scale windows
+# (within +-1% at 4 x 256 and 4 x 384 7168x2048; 128 x 160 3% slower with them).
+MASKED_DEEPER_RING_TILES = ((128, 192, "m", 2),)
 # The masked GEMMs' row counts (masked_m) are known on the device only: their
-# estimate averages over groups filled evenly from half their capacity M to all
-# of it (a fine grid: a tile's wave count jumps with the rows).
-MASKED_FILLS = tuple(0.5 + i / 64 for i in range(33))
+# estimate averages over MASKED_DRAWS fills, each group's rows spread evenly
+# over half its capacity M to all of it, independently of the other groups'
+# (what tools/masked_tilings.py draws at random): a tile's wave count jumps with
+# the live tiles of all groups together.
+MASKED_DRAWS = 33
+
+
+def masked_fills(groups: int) -> list[list[float]]:
+  """[draw][group] fractions of the capacity in [0.5, 1]: draw i of group 0 at
+  the i-th point of an even grid, the other groups' offset along it by the
+  golden ratio (a low-discrepancy set: no two groups fill alike)."""
+  return [[0.5 + 0.5 * (((i + 0.5) / MASKED_DRAWS + g * 0.6180339887) % 1.0)
+           for g in range(groups)] for i in range(MASKED_DRAWS)]
 # Tiles whose warpgroups' columns form one wide WGMMA chunk (HopperConfig.wide_chunks).
-WIDE_TILES = ((128, 192, "m", 2),)
+WIDE_TILES = ((128, 192, "m", 2), (128, 160, "m", 2))
 # Per-row b scales (a column factor per chunk column next to the row factors)
 # spill beyond one 64 x 128 accumulator per warpgroup: 128 x 128 tiles. With the
 # scales brought by TMA (below) the warpgroups one above the other are 1% ahead;
@@ -231,6 +256,11 @@ def _per_row_deep_ring(cfg: HopperConfig, per_row_b: bool) -> bool:
           and cfg.stages == _PER_ROW_RING_STAGES)
 
 
+def masked_deeper_ring(cfg: HopperConfig) -> bool:
+  """A masked tile of MASKED_DEEPER_RING_TILES with its ring one stage deeper."""
+  return tile_key(cfg) in MASKED_DEEPER_RING_TILES and cfg.stages == ring_stages(cfg) + 1
+
+
 def _short_k(cfg: HopperConfig, m: int, k: int) -> bool:
   """192 x 128 tiles at large M over a short K loop, the ring at most as deep, M
   filling the tiles."""
@@ -274,7 +304,8 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
   if cfg.k_step > 1 and _one_block_ring(cfg) < _TWO_BLOCK_MIN_RING:
     return "two-block steps of a tile with a one-block ring < 4 stages (measured: starves)"
   if _past_ring_bytes(cfg) and not (_deep_ring(cfg, m) or _short_k(cfg, m, k)
-                                    or _per_row_deep_ring(cfg, b_scale_rows == 1)):
+                                    or _per_row_deep_ring(cfg, b_scale_rows == 1)
+                                    or (masked and masked_deeper_ring(cfg))):
     return "a ring past RING_BYTES (measured slower)"
   if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:
     return "64-row three-consumer tiles for M > 64 over several waves (measured slower)"
@@ -315,7 +346,7 @@ def _large_m_unit_us(cfg, m, k, chained, table) -> float:
     fixed /= 2
   elif _per_row_deep_ring(cfg, table is PER_ROW_B_TILES):
     loop *= _PER_ROW_RING_GAIN
-  elif _past_ring_bytes(cfg):
+  elif _past_ring_bytes(cfg) and not (table is MASKED_TILES and masked_deeper_ring(cfg)):
     loop *= _L1_LOSS
   return block_us * (loop + fixed)
 
@@ -324,7 +355,7 @@ def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1
                       b_scale_rows: int = SCALE_N, row_masks: bool = False,
                       masked: bool = False, num_sms: int | None = None) -> float:
   """The model's time of cfg at this shape (inf where `unmodelled`; the
-  arguments as there). Masked groups at large M: the mean over MASKED_FILLS of
+  arguments as there). Masked groups at large M: the mean over masked_fills of
   the estimate at that many rows (a tile wholly past masked_m runs no K pass)."""
   num_sms = cfg.num_sms or num_sms or hopper.num_sms()
   if unmodelled(cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks,
@@ -332,12 +363,23 @@ def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1
     return math.inf
   if masked and m > DECODE_MAX_M:
     table = large_m_tiles(k, masked=True)
-    times = [_time_us(cfg, max(DECODE_MAX_M + 1, math.ceil(f * m)), n, k, groups, num_sms,
-                      table) for f in MASKED_FILLS]
+    times = [_masked_time_us(cfg, [max(DECODE_MAX_M + 1, math.ceil(f * m)) for f in fills],
+                             n, k, num_sms, table) for fills in masked_fills(groups)]
     return round(sum(times) / len(times), 4)
   table = DECODE_TILES if m <= DECODE_MAX_M else large_m_tiles(
       k, b_scale_rows=b_scale_rows, row_masks=row_masks)
   return _time_us(cfg, m, n, k, groups, num_sms, table)
+
+
+def _masked_time_us(cfg: HopperConfig, rows: list[int], n: int, k: int, num_sms: int,
+                    table: dict) -> float:
+  """One fill of masked groups (rows per group): the CTAs share the tiles that
+  hold rows evenly (the live-first walk; the plain walk of 192 x 128 tiles as
+  near as measured)."""
+  live = sum(units(cfg, r, n) for r in rows)
+  ctas = min((cfg.num_sms or num_sms) // (cfg.cluster_m * cfg.cluster_n), live)
+  chained = live >= 2 * ctas and unit_steps(cfg, k) % cfg.stages == 0
+  return _cdiv(live, ctas) * _large_m_unit_us(cfg, max(rows), k, chained, table)
 
 
 def _time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int, num_sms: int,

@@ -17,7 +17,7 @@ from M = 2048 outside masked groups (hopper_cost.tma_scales_pay), the widest
 epilogue store, the producer's registers, the ring fitted into SMEM. Grouped
 schedulers take no K splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
 capacity: the rows that exist are known on the device only, so its estimate
-is the mean over fills of the capacity (hopper_cost.MASKED_FILLS).
+is the mean over fills of the capacity (hopper_cost.masked_fills).
 
 The measurements behind the model are in benchmarks/RESULTS.md ("Hopper tiling
 rules"); the code keeps the reasons.
@@ -136,6 +136,9 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
     if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
     for t in tiles:
+      if masked and t in hopper_cost.MASKED_DEEPER_RING_TILES:
+        yield t, base, 1
+        continue
       for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 else (1,):
         yield t, dict(base, cluster_m=cluster_m), 0
         yield t, dict(base, cluster_m=cluster_m), 1         # 128 x 256: the deep ring
@@ -177,9 +180,13 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     tma = hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1))
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                        wide_chunks=wide, tma_scales=tma,
-                       a_scale_window=_WIDE_TILE_A_SCALE_WINDOW if wide and not tma else 0,
-                       **fields)
+                       a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW if wide and not tma
+                                       and not masked else 0),
+                       live_first=masked and (tm, tn, split, consumers)
+                       in hopper_cost.MASKED_LIVE_FIRST_TILES, **fields)
     if grouped and not _grouped_allows(cfg):
+      continue
+    if cfg.live_first and groups > hopper_cost.MASKED_LIVE_FIRST_MAX_GROUPS:
       continue
     cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype, exact_rows=row_masks))
     stages = fields.get("stages", ring_stages(cfg) + deeper)

@@ -50,6 +50,7 @@ class Tiling:
   split_k: int = 1
   cluster_m: int = 1
   cluster_n: int = 1
+  live_first: bool = False  # masked GEMMs: the units holding rows walked first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +174,8 @@ def masked(t: Tiling, a, a_scale, b, b_scale, masked_m, *, out_dtype) -> Launch:
   ops = t.pad(a, a_scale, b, None, out_dtype)
   sched = sched_lib.MaskedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
                                     grid_minor=t.grid_minor, group=t.group, groups=g,
-                                    cluster_m=t.cluster_m, cluster_n=t.cluster_n)
+                                    cluster_m=t.cluster_m, cluster_n=t.cluster_n,
+                                    live_first=t.live_first)
   rows = jnp.clip(masked_m.astype(jnp.int32), 0, m)
   return Launch(Problem(sched, BLOCK_128, pl.cdiv(k, K_BLOCK), zero_rows=True),
                 (ops.a, ops.a_scale, ops.b, b_scale.astype(jnp.float32), None,

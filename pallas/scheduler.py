@@ -21,7 +21,10 @@ Schedulers (see next-wave-notes.md, DeepGEMM's GemmType):
   partial output group) and CTA clusters sharing A or B by multicast.
 - `MaskedScheduler`: G independent GEMMs of M rows each (a [G, M, K]); only
   the first masked_m[g] rows of group g exist. Tiles wholly past masked_m have
-  no K pass (they are stored as zeros); optionally in CTA clusters as above.
+  no K pass (they are stored as zeros); optionally in CTA clusters as above,
+  and optionally walked live-first (the tiles holding rows of every group
+  before the empty ones, found per unit from masked_m by a short scan over
+  the groups: no tables).
 - `RaggedScheduler`: one [M, K] activation whose rows are cut into G
   contiguous groups of any size, group g multiplied by b[g]. A tile whose rows
   span several groups is cut into pieces, one unit each: every unit runs one
@@ -31,6 +34,7 @@ Schedulers (see next-wave-notes.md, DeepGEMM's GemmType):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -170,17 +174,61 @@ class MaskedScheduler(_Walk):
   masked_m: Any = None
   cluster_m: int = 1
   cluster_n: int = 1
+  live_first: bool = False
 
   @property
   def num_units(self) -> int:
     return (self.groups * pl.cdiv(self.m_tiles, self.cluster_m)
             * pl.cdiv(self.n_tiles, self.cluster_n))
 
+  def _live_units(self):
+    """Per group, its units (row tiles, or pairs, x column tiles) holding rows."""
+    rows_per_unit = self.tile_m * self.cluster_m
+    n_units = pl.cdiv(self.n_tiles, self.cluster_n)
+    return [lax.div(self.masked_m[g] + i32(rows_per_unit - 1), i32(rows_per_unit))
+            * i32(n_units) for g in range(self.groups)]
+
+  def _live_first(self, unit):
+    """(group, m unit, n unit) of `unit` in the live-first walk: first every
+    group's units holding rows, group by group (each group's in planar-snake
+    order over its live row tiles), then the units past masked_m. The round
+    robin then shares the live units evenly among the CTAs, however masked_m
+    falls (the plain walk interleaves the empty tiles with the live ones, so
+    that some CTAs draw a tile with rows more than others)."""
+    m_units = pl.cdiv(self.m_tiles, self.cluster_m)
+    n_units = pl.cdiv(self.n_tiles, self.cluster_n)
+    live = self._live_units()
+    total_live = functools.reduce(lambda x, y: x + y, live)
+    is_live = unit < total_live
+    idx = jnp.where(is_live, unit, unit - total_live)
+    g, off, live_rows, before = i32(0), idx, i32(0), i32(0)
+    for j, live_j in enumerate(live):  # one short scan of the group counts
+      count = jnp.where(is_live, live_j, i32(m_units * n_units) - live_j)
+      hit = (idx >= before) & (idx < before + count)
+      g = jnp.where(hit, i32(j), g)
+      off = jnp.where(hit, idx - before, off)
+      live_rows = jnp.where(hit, lax.div(live_j, i32(n_units)), live_rows)
+      before = before + count
+    pair, ni = _snake(off, jnp.maximum(live_rows, 1), n_units, self.grid_minor, self.group)
+    pair = jnp.where(is_live, pair, live_rows + lax.div(off, i32(n_units)))
+    ni = jnp.where(is_live, ni, lax.rem(off, i32(n_units)))
+    return g, pair, ni
+
+  def steps(self, cta, num_ctas, steps_per_pass: int):
+    if not self.live_first:
+      return super().steps(cta, num_ctas, steps_per_pass)
+    # A CTA's units with rows are the first of its units.
+    total_live = functools.reduce(lambda x, y: x + y, self._live_units())
+    return _share(total_live, cta, num_ctas) * steps_per_pass
+
   def tile(self, unit, cluster_index) -> Tile:
     m_units = pl.cdiv(self.m_tiles, self.cluster_m)
     n_units = pl.cdiv(self.n_tiles, self.cluster_n)
-    g, lin = lax.div(unit, i32(m_units * n_units)), lax.rem(unit, i32(m_units * n_units))
-    pair, ni = _snake(lin, m_units, n_units, self.grid_minor, self.group)
+    if self.live_first:
+      g, pair, ni = self._live_first(unit)
+    else:
+      g, lin = lax.div(unit, i32(m_units * n_units)), lax.rem(unit, i32(m_units * n_units))
+      pair, ni = _snake(lin, m_units, n_units, self.grid_minor, self.group)
     mi = pair * self.cluster_m + cluster_index if self.cluster_m > 1 else pair
     if self.cluster_n > 1:
       ni = ni * self.cluster_n + cluster_index

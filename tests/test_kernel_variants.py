@@ -181,14 +181,62 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_n=2), 130, [0, 130, 37], BF16),
     ("sm100", B_SMALL, 130, [0, 130, 37], F32),
 ])
-def test_masked(arch, cfg, m, masked_m, out_dtype):
-  args, ref = _masked_operands(m, len(masked_m), m, 96, 300, masked_m)
+def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):
+  args, ref = _masked_operands(m, len(masked_m), m, n, 300, masked_m)
   fn = lambda *xs: KERNELS[arch].masked_dot(*xs, out_dtype=out_dtype, config=cfg)
   out = np.asarray(_interpret(fn, *args).astype(jnp.float32), np.float64)
   for i, rows in enumerate(masked_m):
     assert np.all(out[i, max(0, min(rows, m)):] == 0.0), f"group {i}: rows past masked_m"
-  testing.assert_close(out.reshape(-1, 96), ref.reshape(-1, 96), F32,
+  testing.assert_close(out.reshape(-1, n), ref.reshape(-1, n), F32,
                        tol=testing.TOLERANCE[out_dtype])
+
+
+@pytest.mark.parametrize("cfg,m,masked_m,out_dtype,n", [
+    # 128 x 160 tiles at all four offsets within b's 128-row blocks (680 columns)
+    (dataclasses.replace(H_WIDE_160, live_first=True), 260, [129, 1, 260], BF16, 680),
+    (dataclasses.replace(H_WIDE_CHUNK, live_first=True, num_sms=3), 260, [0, 200, 5], F32, 400),
+    # pairs sharing B: a unit is a pair of row tiles, live if its first holds rows
+    (dataclasses.replace(H_SPLIT_M, live_first=True, num_sms=3, cluster_m=2), 300,
+     [0, 300, 37, 129], F32, 96),
+    (dataclasses.replace(H_SMALL, live_first=True, num_sms=4, cluster_n=2), 130, [65, 0, 130],
+     BF16, 200),
+    (dataclasses.replace(H_SMALL, live_first=True), 100, [0, 0], F32, 96),  # no live tile
+])
+def test_masked_live_first(cfg, m, masked_m, out_dtype, n):
+  """The live-first walk (HopperConfig.live_first) computes every live tile once
+  and stores the others as zeros (NaN-poisoned outputs show a tile left out)."""
+  test_masked("sm90", cfg, m, masked_m, out_dtype, n)
+
+
+@pytest.mark.parametrize("masked_m,tile_m,n_tiles,cluster_m", [
+    ([129, 1, 260], 128, 5, 1), ([0, 300, 37, 129], 64, 3, 2), ([0, 0], 64, 2, 1),
+    ([384, 100, 0, 257, 383], 192, 7, 1),
+])
+def test_masked_live_first_walk(masked_m, tile_m, n_tiles, cluster_m):
+  """Unit by unit, the live-first walk visits every (group, row tile, column
+  tile) once, the tiles holding rows first; a CTA's K-pass steps count its live
+  units."""
+  from jax_fp8.pallas import scheduler
+  m = max(max(masked_m), 1)
+  sched = scheduler.MaskedScheduler(m=m, n=n_tiles * 32, tile_m=tile_m, tile_n=32,
+                                    grid_minor="m", group=2, groups=len(masked_m),
+                                    masked_m=jnp.asarray(masked_m, jnp.int32),
+                                    cluster_m=cluster_m, live_first=True)
+  seen, passes = [], []
+  for u in range(sched.num_units):
+    for c in range(cluster_m):
+      t = sched.tile(jnp.int32(u), jnp.int32(c))
+      seen.append((int(t.a_group), int(t.m0) // tile_m, int(t.n0) // 32))
+    passes.append(int(t.passes))
+  m_tiles = -(-m // tile_m)
+  padded = -(-m_tiles // cluster_m) * cluster_m  # a pair's second tile may lie past M
+  assert sorted(seen) == [(g, i, j) for g in range(len(masked_m)) for i in range(padded)
+                          for j in range(n_tiles)]
+  live = sum(passes)
+  assert passes == [1] * live + [0] * (len(passes) - live)
+  assert live == sum(-(-r // (tile_m * cluster_m)) for r in masked_m) * n_tiles
+  for cta in range(3):
+    assert int(sched.steps(cta, 3, 7)) == 7 * sum(passes[cta::3])
 
 
 def _quantize_1x128_model(x, power_of_two):

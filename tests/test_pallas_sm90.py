@@ -111,6 +111,14 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (70, 330, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=2,
                                        k_step=2, wide_chunks=True, epi_tile_n=32), True, BF16,
      -1.0, jnp.bfloat16),
+    # 128 x 160 wide tiles (five 32-column pieces over two 128-row blocks of b, one
+    # b-scale load per block): tiles at all four offsets within b's blocks (N = 680)
+    (136, 680, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=160, wg_split="m", stages=2,
+                                        wide_chunks=True, epi_tile_n=32), True, F32, 0.5,
+     jnp.float32),
+    # 128 x 192 split by columns: each warpgroup's 96 columns in three 32-column pieces
+    (70, 400, 300, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="n", stages=2,
+                                       wide_chunks=True, epi_tile_n=32), False, BF16, 1.0, None),
     # a 64 x 128 wide chunk per warpgroup of 64 x 256 tiles split by columns
     (70, 300, 300, dataclasses.replace(DEFAULT_LARGE, tile_m=64, stages=2, wide_chunks=True),
      False, BF16, 1.0, None),

@@ -64,6 +64,8 @@ def _config(spec: str) -> hopper.HopperConfig:
       cfg["wide_chunks"] = True
     elif f == "tma":
       cfg["tma_scales"] = True
+    elif f == "lf":
+      cfg["live_first"] = True
     elif f[0] == "o":
       cfg["grid_minor"] = f[1:]
     else:
@@ -126,13 +128,13 @@ FROZEN_PICKS = [
     (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide tma': 'bf16',
                                    '128x192m2 s3 e32 on wide tma': 'f32'}),
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
-    # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M
+    # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M; 128 x 160
+    # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100)
     (1024, 4096, 7168, 'masked x1', {'192x128m3 s3 e64 on': 'bf16',
                                      '192x128m3 s3 e32 on': 'f32'}),
     (512, 4096, 7168, 'masked x2', {'192x128m3 s3 e64 om': 'bf16',
                                     '192x128m3 s3 e32 om': 'f32'}),
-    (256, 4096, 7168, 'masked x4', {'192x128m3 s3 e64 om': 'bf16',
-                                    '192x128m3 s3 e32 om': 'f32'}),
+    (256, 4096, 7168, 'masked x4', {'128x160m2 s4 e32 om wide lf': 'bf16 f32'}),
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
                                     '64x256n2 s3 e32 om sep': 'f32'}),
     # 2026-11-26: 128 x 256 split by columns (192 x 128 before), 0.4-2.9% faster
@@ -140,10 +142,8 @@ FROZEN_PICKS = [
                                    '128x256n2 s3 e32 on p72 tma': 'f32'}),
     (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on': 'bf16',
                                      '192x128m3 s3 e32 on': 'f32'}),
-    (512, 7168, 2048, 'masked x2', {'192x128m3 s3 e64 om': 'bf16',
-                                    '192x128m3 s3 e32 om': 'f32'}),
-    (256, 7168, 2048, 'masked x4', {'192x128m3 s3 e64 om': 'bf16',
-                                    '192x128m3 s3 e32 om': 'f32'}),
+    (512, 7168, 2048, 'masked x2', {'128x160m2 s4 e32 om wide lf': 'bf16 f32'}),
+    (256, 7168, 2048, 'masked x4', {'128x160m2 s4 e32 om wide lf': 'bf16 f32'}),
     (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
                                     '64x256n2 s3 e64 om sep': 'f32'}),
     # per-row b: warpgroups one above the other since the scales came by TMA (+13%),
@@ -445,3 +445,30 @@ def test_masked_tiles_at_large_m():
     assert half <= est(m) <= full and half < full
   # The dense rules keep 128 x 256 tiles at the same shape.
   assert hopper_tiling.default_config(1024, 4096, 7168).tile_n == 256
+
+
+def test_masked_walk_and_fills():
+  """Masked candidates walk live-first exactly where the table says, wide ones stage
+  no a-scale windows, 128 x 192 takes its deeper ring; the fills the estimate
+  averages over lie in [0.5, 1], group 0's spread evenly, no two groups alike."""
+  for g, m, n, k in ((1, 1408, 4096, 7168), (4, 384, 7168, 2048), (4, 256, 4096, 7168)):
+    for c in hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True):
+      assert c.live_first == (hopper_cost.tile_key(c) in hopper_cost.MASKED_LIVE_FIRST_TILES)
+      assert c.a_scale_window == 0, c
+      if hopper_cost.tile_key(c) in hopper_cost.MASKED_DEEPER_RING_TILES:
+        assert c.stages == hopper_cost.ring_stages(c) + 1, c
+  # Past MASKED_LIVE_FIRST_MAX_GROUPS groups no candidate takes the live-first walk.
+  many = hopper_cost.MASKED_LIVE_FIRST_MAX_GROUPS + 1
+  assert not any(c.live_first for c in hopper_tiling.candidate_configs(
+      256, 7168, 2048, groups=many, grouped=True))
+  # Dense and ragged configs never take the masked walk.
+  assert not hopper_tiling.default_config(4096, 4096, 7168).live_first
+  assert not hopper_tiling.default_config(32768, 4096, 7168, groups=8, grouped=True,
+                                          row_masks=True).live_first
+  fills = hopper_cost.masked_fills(3)
+  assert len(fills) == hopper_cost.MASKED_DRAWS and all(len(f) == 3 for f in fills)
+  assert all(0.5 <= x <= 1.0 for f in fills for x in f)
+  first = sorted(f[0] for f in fills)
+  assert np.allclose(np.diff(first), 0.5 / hopper_cost.MASKED_DRAWS)
+  assert len({tuple(round(x, 6) for x in f) for f in fills}) == len(fills)
+  assert all(len({round(x, 6) for x in f}) == 3 for f in fills)

@@ -96,7 +96,8 @@ def spec(cfg) -> str:
     s += f" p{cfg.producer_registers}"
   s += ("" if cfg.scale_product else " sep") + (" wide" if cfg.wide_chunks else "")
   s += f" aw{cfg.a_scale_window}" if cfg.a_scale_window else ""
-  return s + (" tma" if getattr(cfg, "tma_scales", False) else "")
+  s += " tma" if getattr(cfg, "tma_scales", False) else ""
+  return s + (" lf" if getattr(cfg, "live_first", False) else "")
 
 
 def load_revision(rev: str):
