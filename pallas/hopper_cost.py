@@ -77,13 +77,13 @@ RAGGED_SHORT_K_TILES = {(128, 256, "n", 2): 1.02, (192, 128, "m", 3): 1.0,
 RAGGED_SHORT_K_BLOCKS = 16
 # Masked groups at large M: a loop of K passes around the K loop too, so tiles of
 # one 64-row chunk row per warpgroup (128 x 256 and 256 x 128 ran 2.8-4x slower
-# at K=7168). The ragged efficiencies do not carry over; these rank the tiles by
-# their mean times over six random fills of masked GEMMs of 1 x 1408 and 2 x 768
-# rows (4096 x 7168) and 4 x 384 (7168 x 2048) (H100, 2026-11-26): 192 x 128
-# fastest at all three, 128 x 192 2-4% behind. 128 x 128 tiles are left out:
-# 6% behind on the mean, 19% on fills that give them a last, mostly idle wave.
-# (At 8 x 256 rows 128 x 192 was 25% faster than 192 x 128, whose second row
-# tile is two thirds past the capacity: not modelled.)
+# at K=7168). The ragged efficiencies do not carry over; these are the tiles'
+# times per wave at random fills of masked GEMMs of 1 x 1408, 2 x 768 and 8 x 384
+# rows (4096 x 7168) and 4 x 384 (7168 x 2048), per 128 x 256 of area (H100,
+# 2026-11-26): 192 x 128 46.5 us, 128 x 192 48.5, 128 x 160 52.5; which is
+# fastest depends on the waves a fill gives each. 128 x 128 tiles are left out:
+# 6% behind 192 x 128 on the mean, 19% on fills that give them a last, mostly
+# idle wave.
 MASKED_TILES = {(192, 128, "m", 3): 1.0, (128, 192, "m", 2): 0.96, (128, 160, "m", 2): 0.885,
                 (64, 128, "n", 2): 0.6}
 # ... of which these walk the groups' live tiles first (HopperConfig.live_first),
