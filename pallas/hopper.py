@@ -320,7 +320,7 @@ class _Warpgroup:
         s = zero_unless(valid, s)
       rows_scales.append(s)
     col_scales = []
-    shared = self.shared_b_blocks(tile, tp, kb) if b_staged is None else None
+    shared = self.shared_b_blocks(tile, tp, kb)  # (None with per-row b scales)
     for c in sorted({c for _, c in self.parts}):
       if shared is not None:
         b = shared(c)

@@ -34,7 +34,6 @@ Schedulers (see next-wave-notes.md, DeepGEMM's GemmType):
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -198,7 +197,7 @@ class MaskedScheduler(_Walk):
     m_units = pl.cdiv(self.m_tiles, self.cluster_m)
     n_units = pl.cdiv(self.n_tiles, self.cluster_n)
     live = self._live_units()
-    total_live = functools.reduce(lambda x, y: x + y, live)
+    total_live = sum(live[1:], live[0])
     is_live = unit < total_live
     idx = jnp.where(is_live, unit, unit - total_live)
     g, off, live_rows, before = i32(0), idx, i32(0), i32(0)
@@ -218,8 +217,8 @@ class MaskedScheduler(_Walk):
     if not self.live_first:
       return super().steps(cta, num_ctas, steps_per_pass)
     # A CTA's units with rows are the first of its units.
-    total_live = functools.reduce(lambda x, y: x + y, self._live_units())
-    return _share(total_live, cta, num_ctas) * steps_per_pass
+    live = self._live_units()
+    return _share(sum(live[1:], live[0]), cta, num_ctas) * steps_per_pass
 
   def tile(self, unit, cluster_index) -> Tile:
     m_units = pl.cdiv(self.m_tiles, self.cluster_m)
