@@ -33,6 +33,15 @@ def test_reads_the_spills_of_a_ptxas_report():
   assert spill_check.spilled_bytes("ptxas info : Used 168 registers") is None
 
 
+def test_reads_a_wgmma_serialisation_note():
+  note = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+          "serialized due to non wgmma instructions reading accumulator registers of  a wgmma "
+          "between start and end of the pipeline stage in the function 'k'\n")
+  report = note + "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+  assert "non wgmma instructions reading" in spill_check.wgmma_serialized(report)
+  assert spill_check.wgmma_serialized(report.replace(note, "")) is None
+
+
 @pytest.mark.parametrize("case", ["dense:256x512x384", "fp8out:256x512x384",
                                   "wgrad:256x512x384", "glu:256x256x384", "glu8:256x256x384",
                                   "masked:2x128x512x384", "ragged:2x128x512x384"])
@@ -44,6 +53,7 @@ def test_every_kind_lowers_for_cuda(case):
 
 @requires_gpu(major=9)
 def test_gpu_default_tilings_do_not_spill():
+  """... nor have their WGMMAs serialised by ptxas (spill_check fails those too)."""
   cases = ["dense:1024x4096x7168", "dense:512x7168x16384", "dense:512x7168x2048",
            "dense:512x7168x18432", "wgrad:7168x18432x4096", "glu8:4096x18432x7168",
            "masked:4x384x7168x2048"]

@@ -15,9 +15,13 @@ A case is KIND:DIMS:
 Each case is compiled with Mosaic's dumps on (MOSAIC_GPU_DUMP_TO, read when it
 compiles) and its ptxas report read back. Why it matters: with spills in their
 consumers' K loop, 128 x 256 tiles on grids of one tile per CTA took 21-64%
-longer (benchmarks/RESULTS.md, 2026-11-26). Prints a line per case (tiling as
-tools/tiling_picks.py writes it, spilled bytes); exit status 1 if a case spills
-more than --max_bytes or gave no ptxas report. --variant replaces HopperConfig
+longer (benchmarks/RESULTS.md, 2026-11-26). Also fails a case whose report says
+ptxas serialised its WGMMAs (C7514-style "wgmma.mma_async instructions are
+serialized": every WGMMA then waits for the one before; a WGMMA group in flight
+across the K loop's back edge did it, pallas/README.md). Prints a line per case
+(tiling as tools/tiling_picks.py writes it, spilled bytes); exit status 1 if a
+case spills more than --max_bytes, has its WGMMAs serialised or gave no ptxas
+report. --variant replaces HopperConfig
 fields of every case's default (tools/compare_configs.py's syntax).
 """
 from __future__ import annotations
@@ -58,6 +62,12 @@ def spilled_bytes(ptxas_report: str) -> int | None:
   """The largest 'N bytes spill stores' of a ptxas -v report; None if it has none."""
   found = [int(b) for b in re.findall(r"(\d+) bytes spill stores", ptxas_report)]
   return max(found) if found else None
+
+
+def wgmma_serialized(ptxas_report: str) -> str | None:
+  """ptxas's note that it serialised the kernel's WGMMAs (its reason), or None."""
+  found = re.search(r"wgmma\.mma_async instructions are serialized[^\n]*", ptxas_report)
+  return found.group(0) if found else None
 
 
 def kernel_call(kind: str, dims: tuple[int, ...], variant: dict | None = None):
@@ -122,14 +132,17 @@ def main(argv=None) -> int:
       jax.jit(fn).trace(*avals).lower().compile()
       report = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*.ptxas")))
     spilled = spilled_bytes(report)
+    serialized = wgmma_serialized(report)
     verdict = "no ptxas report" if spilled is None else f"{spilled} bytes spilled"
-    bad = spilled is None or spilled > args.max_bytes
+    if serialized:
+      verdict += f"; {serialized}"
+    bad = spilled is None or spilled > args.max_bytes or serialized is not None
     print(f"{name:32s} {spec(cfg):34s} {verdict}{'  <--' if bad else ''}", flush=True)
     if bad:
       failed.append(name)
   if failed:
-    print(f"spill_check: {len(failed)} case(s) over {args.max_bytes} bytes or unreported: "
-          f"{', '.join(failed)}")
+    print(f"spill_check: {len(failed)} case(s) over {args.max_bytes} bytes, serialised or "
+          f"unreported: {', '.join(failed)}")
   return 1 if failed else 0
 
 
