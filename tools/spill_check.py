@@ -1,5 +1,5 @@
 """Compiles the Hopper kernel at its default tilings and reports ptxas's register
-spills per kernel (compile only: nothing runs). On the GPU machine: PTX and
+spills per kernel, and any WGMMAs it serialises (compile only: nothing runs). On the GPU machine: PTX and
 ptxas run when XLA compiles, for the attached GPU.
 
     python3 tools/spill_check.py                    # the default cases
@@ -21,8 +21,8 @@ serialized": every WGMMA then waits for the one before; a WGMMA group in flight
 across the K loop's back edge did it, pallas/README.md). Prints a line per case
 (tiling as tools/tiling_picks.py writes it, spilled bytes); exit status 1 if a
 case spills more than --max_bytes, has its WGMMAs serialised or gave no ptxas
-report. --variant replaces HopperConfig
-fields of every case's default (tools/compare_configs.py's syntax).
+report. --variant replaces HopperConfig fields of every case's default
+(tools/compare_configs.py's syntax).
 """
 from __future__ import annotations
 
