@@ -1,6 +1,6 @@
 """Compiles the Hopper kernel at its default tilings and reports ptxas's register
-spills per kernel, and any WGMMAs it serialises (compile only: nothing runs). On the GPU machine: PTX and
-ptxas run when XLA compiles, for the attached GPU.
+spills per kernel, and any WGMMAs it serialises (compile only: nothing runs). On
+the GPU machine: PTX and ptxas run when XLA compiles, for the attached GPU.
 
     python3 tools/spill_check.py                    # the default cases
     python3 tools/spill_check.py --cases=dense:1024x4096x7168,masked:4x384x7168x2048
