@@ -2,10 +2,13 @@
 # Per-SASS-instruction profile of the Hopper kernel under Nsight Compute, on the GPU machine.
 #
 #   bash tools/ncu_sass.sh 4096x2112x7168 [MxNxK ...]     (from the repository root)
+#   bash tools/ncu_sass.sh ragged:8x4096x4096x7168 masked:1x1280x4096x7168
 #
 # For each shape: runs the pallas_sm90 backend of blockwise_fp8_dot four times
-# (tools/one_call.py) and profiles the last launch (`ncu --set full --import-source yes
-# --clock-control none`), then writes to $OUT (default ./.out):
+# (tools/one_call.py; a KIND:DIMS case of tools/spill_check.py runs that kernel at its
+# default config: grouped GEMMs, weight gradients, GLUs) and profiles the last launch
+# (`ncu --set full --import-source yes --clock-control none`), then writes to $OUT
+# (default ./.out; a case's ':' is '_' in the names):
 #   sass_<shape>.csv.gz    one row per SASS instruction: its text, executions, stall samples
 #   details_<shape>.csv    the report's metrics (cycles, instructions, throughputs, ...)
 # Summarise them with `python3 tools/sass_summary.py $OUT/sass_<shape>.csv.gz
@@ -18,10 +21,10 @@ OUT="${OUT:-$PWD/.out}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PATH="$PATH:/usr/local/cuda/bin"
-[ $# -ge 1 ] || { echo "usage: bash tools/ncu_sass.sh MxNxK [MxNxK ...]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: bash tools/ncu_sass.sh MxNxK|KIND:DIMS ..." >&2; exit 2; }
 status=0
 for shape in "$@"; do
-  tag="$shape${NCU_TAG:-}"
+  tag="${shape//:/_}${NCU_TAG:-}"   # (no ':' in the file names)
   rep="$OUT/profile_$tag"
   # The kernel's calls are the only launches whose name has "mosaic_gpu"; skip three of four.
   if ncu --launch-skip 3 --launch-count 1 -k regex:mosaic_gpu --clock-control none --set full \

@@ -1,10 +1,15 @@
-"""Calls one backend of jax_fp8.blockwise_fp8_dot a few times at one shape (for profilers:
-tools/ncu_sass.sh profiles the last call).
+"""Calls one GEMM of jax_fp8 a few times (for profilers: tools/ncu_sass.sh profiles
+the last call).
 
     python3 tools/one_call.py 4096x2112x7168 [--backend=pallas_sm90] [--calls=4]
                               [--out_dtype=bfloat16] [--variant="a_scale_window=4,stages=4"]
+    python3 tools/one_call.py ragged:8x4096x4096x7168 [--variant=...]
 
---variant: HopperConfig fields replaced in the shape's default config (the form of
+A plain MxNxK runs jax_fp8.blockwise_fp8_dot through --backend. A case of
+tools/spill_check.py's syntax (KIND:DIMS: dense, fp8out, wgrad, glu, glu8, masked,
+ragged) runs the Hopper kernel directly at that case's default config, on random
+operands: ragged groups of ROWS rows each, masked groups filled to their capacity.
+--variant: HopperConfig fields replaced in the default config (the form of
 tools/compare_configs.py), which then runs through the Hopper kernel directly.
 """
 from __future__ import annotations
@@ -14,9 +19,29 @@ import os
 import sys
 
 
+def case_operands(avals, kind: str, dims: tuple[int, ...], seed: int = 0):
+  """Random operands for spill_check.kernel_call's argument avals: FP8 values of
+  a few binades, power-of-two scales, and the group vector (ragged: ROWS rows
+  per group; masked: every group full)."""
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  ops = []
+  for aval in avals:
+    if aval.dtype == jnp.int32:  # group_sizes / masked_m: [G]
+      ops.append(jnp.full(aval.shape, dims[1], jnp.int32))
+    elif aval.dtype == jnp.float32:
+      ops.append(jnp.asarray(np.exp2(rng.integers(-12, -4, size=aval.shape)), jnp.float32))
+    else:
+      values = np.clip(rng.standard_normal(aval.shape) * 64, -448, 448)  # e4m3's range
+      ops.append(jnp.asarray(values, jnp.float32).astype(aval.dtype))
+  assert kind in ("masked", "ragged") or not any(a.dtype == jnp.int32 for a in avals)
+  return ops
+
+
 def main() -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("shape", help="MxNxK")
+  p.add_argument("shape", help="MxNxK, or KIND:DIMS (tools/spill_check.py's cases)")
   p.add_argument("--backend", default="pallas_sm90")
   p.add_argument("--calls", type=int, default=4)
   p.add_argument("--out_dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -27,28 +52,37 @@ def main() -> int:
   import jax
   import jax.numpy as jnp
   import jax_fp8
+  from compare_configs import parse_variant
   from jax_fp8.pallas import autotune
 
-  m, n, k = (int(x) for x in args.shape.lower().split("x"))
-  a, a_scale, b, b_scale, _ = autotune.random_operands(0, m, n, k)
-  out_dtype = jnp.dtype(args.out_dtype)
-  if args.variant:
-    import dataclasses
-    from compare_configs import parse_variant
-    from jax_fp8.pallas import hopper, hopper_tiling
-    cfg = dataclasses.replace(hopper_tiling.default_config(m, n, k, out_dtype=out_dtype),
-                              **parse_variant(args.variant))
-    f = jax.jit(lambda *x: hopper.blockwise_fp8_dot(*x, None, beta=1.0, out_dtype=out_dtype,
-                                                    config=cfg))
+  variant = parse_variant(args.variant) if args.variant else None
+  if ":" in args.shape:
+    import spill_check
+    kind, dims = spill_check.parse_case(args.shape)
+    _, fn, avals = spill_check.kernel_call(kind, dims, variant)
+    f, ops = jax.jit(fn), case_operands(avals, kind, dims)
   else:
-    f = jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(*x, out_dtype=out_dtype,
-                                                     backend=args.backend))
+    m, n, k = (int(x) for x in args.shape.lower().split("x"))
+    ops = autotune.random_operands(0, m, n, k)[:4]
+    out_dtype = jnp.dtype(args.out_dtype)
+    if variant:
+      import dataclasses
+      from jax_fp8.pallas import hopper, hopper_tiling
+      cfg = dataclasses.replace(hopper_tiling.default_config(m, n, k, out_dtype=out_dtype),
+                                **variant)
+      f = jax.jit(lambda *x: hopper.blockwise_fp8_dot(*x, None, beta=1.0, out_dtype=out_dtype,
+                                                      config=cfg))
+    else:
+      f = jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(*x, out_dtype=out_dtype,
+                                                       backend=args.backend))
   for _ in range(args.calls):
-    out = f(a, a_scale, b, b_scale)
-  out.block_until_ready()
-  print(f"one_call: {args.shape} {args.variant or args.backend} x{args.calls}: "
-        f"out {out.shape} {out.dtype}, "
-        f"finite: {bool(jnp.isfinite(out.astype(jnp.float32)).all())}")
+    out = f(*ops)
+  out = jax.block_until_ready(out)
+  first = jax.tree.leaves(out)[0]
+  how = args.variant or ("the default config" if ":" in args.shape else args.backend)
+  print(f"one_call: {args.shape} {how} x{args.calls}: "
+        f"out {first.shape} {first.dtype}, "
+        f"finite: {bool(jnp.isfinite(first.astype(jnp.float32)).all())}")
   return 0
 
 
