@@ -22,7 +22,7 @@ import spill_check  # noqa: E402
 def test_case_operands_match_the_kernels_avals(case, groups):
   kind, dims = spill_check.parse_case(case)
   _, _, avals = spill_check.kernel_call(kind, dims)
-  ops = one_call.case_operands(avals, kind, dims)
+  ops = one_call.case_operands(avals, dims[1])
   assert [(o.shape, o.dtype) for o in ops] == [(a.shape, a.dtype) for a in avals]
   vec = [o for o in ops if o.dtype == jnp.int32]
   assert (np.asarray(vec[0]).tolist() if vec else None) == groups

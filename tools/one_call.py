@@ -19,23 +19,23 @@ import os
 import sys
 
 
-def case_operands(avals, kind: str, dims: tuple[int, ...], seed: int = 0):
+def case_operands(avals, group_rows: int, seed: int = 0):
   """Random operands for spill_check.kernel_call's argument avals: FP8 values of
-  a few binades, power-of-two scales, and the group vector (ragged: ROWS rows
-  per group; masked: every group full)."""
+  a few binades, power-of-two scales, and a grouped case's group vector, every
+  entry group_rows (a case's second number: ragged, ROWS rows per group; masked,
+  every group filled to its capacity)."""
   import jax.numpy as jnp
   import numpy as np
   rng = np.random.default_rng(seed)
   ops = []
   for aval in avals:
     if aval.dtype == jnp.int32:  # group_sizes / masked_m: [G]
-      ops.append(jnp.full(aval.shape, dims[1], jnp.int32))
+      ops.append(jnp.full(aval.shape, group_rows, jnp.int32))
     elif aval.dtype == jnp.float32:
       ops.append(jnp.asarray(np.exp2(rng.integers(-12, -4, size=aval.shape)), jnp.float32))
     else:
       values = np.clip(rng.standard_normal(aval.shape) * 64, -448, 448)  # e4m3's range
       ops.append(jnp.asarray(values, jnp.float32).astype(aval.dtype))
-  assert kind in ("masked", "ragged") or not any(a.dtype == jnp.int32 for a in avals)
   return ops
 
 
@@ -44,7 +44,8 @@ def main() -> int:
   p.add_argument("shape", help="MxNxK, or KIND:DIMS (tools/spill_check.py's cases)")
   p.add_argument("--backend", default="pallas_sm90")
   p.add_argument("--calls", type=int, default=4)
-  p.add_argument("--out_dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  p.add_argument("--out_dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                 help="of an MxNxK shape (a case's kind sets its own)")
   p.add_argument("--variant", default="", help="HopperConfig fields, e.g. stages=4,cluster_m=2")
   args = p.parse_args()
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -60,7 +61,7 @@ def main() -> int:
     import spill_check
     kind, dims = spill_check.parse_case(args.shape)
     _, fn, avals = spill_check.kernel_call(kind, dims, variant)
-    f, ops = jax.jit(fn), case_operands(avals, kind, dims)
+    f, ops = jax.jit(fn), case_operands(avals, dims[1])
   else:
     m, n, k = (int(x) for x in args.shape.lower().split("x"))
     ops = autotune.random_operands(0, m, n, k)[:4]
