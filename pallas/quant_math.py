@@ -139,8 +139,11 @@ def quantize(v, scale_, layout):
 # sequence against IEEE division for every pair of 16-bit mantissas and the exponents
 # where subnormals appear: the FP8 results match everywhere once a group with
 # s < 2^-60 is computed with x and s scaled by 2^64 (exact; else rem falls into
-# float32's subnormals and loses bits). For float32 inputs no such check is
-# exhaustive, so they keep div.rn.f32. Power-of-two scales need no correction:
+# float32's subnormals and loses bits). Float32 inputs (the GEMM epilogues' FP8
+# outputs) cannot be checked exhaustively: they take the correction twice. The
+# first leaves q within half an ulp plus 2^-23 ulp of x / s, a faithful rounding;
+# from a faithful q, rem is exact and one more correction is RN(x / s) (Markstein's
+# theorem: r within half an ulp of 1 / s). Power-of-two scales need no correction:
 # x * (1 / s) is x / s exactly.
 # The signs are arranged so that a zero x keeps its sign (x = -0 gives -0) and a
 # group with scale Inf gives signed zeros for finite x (s_fma = 0 in the fma).
@@ -164,8 +167,9 @@ def _pointwise_ptx(instrs, *args, layout):
   return body(*args)
 
 
-def _markstein(x, scale_rows, layout):
-  """RN(x / s) per element, s = scale_rows (> 0, Inf or NaN) broadcast along rows."""
+def _markstein(x, scale_rows, layout, corrections: int = 1):
+  """RN(x / s) per element, s = scale_rows (> 0, Inf or NaN) broadcast along rows;
+  corrections: 1 for 16-bit x, 2 for float32 x (above)."""
   lift = jnp.where(scale_rows < SMALL_SCALE, SMALL_SCALE_LIFT, 1.0)
   s = scale_rows * lift                                   # exact (a power of two)
   if device.interpret_mode_active():  # XLA has no fma: its division, = the sequence's result
@@ -178,9 +182,11 @@ def _markstein(x, scale_rows, layout):
 
     def one(x, neg_lift, neg_r, s_fma):
       neg_x = mul(x, neg_lift)          # -x * lift, exact
-      q0 = mul(neg_x, neg_r)            # RN(x * r)
-      rem = fma(q0, s_fma, neg_x)       # q0 * s - x, exact
-      return fma(rem, neg_r, q0)        # RN(q0 - rem * r)
+      q = mul(neg_x, neg_r)             # RN(x * r)
+      for _ in range(corrections):
+        rem = fma(q, s_fma, neg_x)      # q * s - x, exact
+        q = fma(rem, neg_r, q)          # RN(q - rem * r)
+      return q
     return one
 
   return _pointwise_ptx(seq, x, _rows(-lift, x.shape), _rows(-r, x.shape),
@@ -199,13 +205,13 @@ def quantize_rows(v, scale_rows, layout, *, power_of_two: bool, division: str = 
   """FP8 of v / s, s one scale per row of v (scale_rows in `layout`.reduce(1)).
 
   division: "div_rn" (div.rn.f32 per element) or "reciprocal" (the group's
-  reciprocal, above; float32 v with non-power-of-two scales still divide).
+  reciprocal, above: one correction for 16-bit v, two for float32 v).
   """
   x = v.astype(jnp.float32)
   if division == "reciprocal" and power_of_two:
     q = _times_reciprocal(x, scale_rows, layout)
-  elif division == "reciprocal" and np.dtype(v.dtype).itemsize == 2:
-    q = _markstein(x, scale_rows, layout)
+  elif division == "reciprocal":
+    q = _markstein(x, scale_rows, layout, corrections=1 if np.dtype(v.dtype).itemsize == 2 else 2)
   else:
     q = exact_div(x, _rows(scale_rows, x.shape), layout)
   if device.interpret_mode_active():

@@ -46,7 +46,7 @@ change no amax, and padded groups' outputs are sliced off).
 Exact arithmetic: Mosaic GPU compiles float32 `/` to PTX `div.full.f32` (an
 approximation within 2 ulp), so the compiled kernels divide with
 the group's correctly rounded reciprocal with one two-FMA correction per element
-(QuantizeConfig(division="reciprocal"), the default: the same FP8 values as
+(two for float32 inputs; QuantizeConfig(division="reciprocal"), the default: the same FP8 values as
 `div.rn.f32` in inline PTX, division="div_rn", at a fraction of the
 instructions: quant_math.quantize_rows).
 In GPU interpret mode (XLA on the CPU) the
@@ -105,8 +105,8 @@ class QuantizeConfig:
   division: how x / scale is computed (the result is the same, bitwise):
   "div_rn", a div.rn.f32 per element; "reciprocal", the group's correctly
   rounded reciprocal and a two-FMA correction per element, or a product alone
-  for power-of-two scales (quant_math.quantize_rows; float32 inputs with other
-  scales still divide).
+  for power-of-two scales (quant_math.quantize_rows; float32 inputs take the
+  correction twice).
   """
   tile_rows: int = 128
   tile_cols: int = 128

@@ -94,6 +94,22 @@ def test_gpu_deepseek_v3_mlp_input(m):
   assert testing.rel_error(jax_fp8.dequantize_1x128(q, s), ACT["silu"](gate) * up) < 0.05
 
 
+@requires_gpu(major=9)
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_gpu_glu_fp8_output_is_its_float32_output_quantised(power_of_two):
+  """On the tensor cores: the fused GLU's FP8 output is, bit for bit, the numpy model's
+  1x128 quantisation of its float32 output (both tilings run the same K loop)."""
+  from test_quantize_kernels import model_1x128
+  ops, _, _ = _operands(8, 300, 512, 1000)
+  call = lambda out_dtype: jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(
+      *x, out_dtype=out_dtype, backend="pallas_sm90", power_of_two_scales=power_of_two))(
+      ops.a, ops.a_scale, ops.b, ops.b_scale)
+  q, s = call(FP8)
+  want_q, want_s = model_1x128(np.asarray(call(jnp.float32)), power_of_two)
+  np.testing.assert_array_equal(np.asarray(s), want_s)
+  np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q.astype(np.float32))
+
+
 @pytest.mark.parametrize("backend", ["reference", "pallas_sm90", "pallas_sm100"])
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_dot_fp8_output_is_its_float32_result_quantised(backend, power_of_two):

@@ -228,6 +228,21 @@ def test_lowers_for_cuda(m, n, k, c_dtype, out_dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_fp8_output_epilogue_divides_by_the_rows_reciprocal(power_of_two):
+  """The FP8 output's epilogue divides by each row's reciprocal (quant_math.quantize_rows:
+  mul.rn per element, two fma.rn corrections for other scales than powers of two), not by
+  a div.rn.f32 per element (its fast path and slow branch cost the fused GLU ~4%)."""
+  def fn(a, sa, b, sb):
+    return jax_fp8.blockwise_fp8_dot(a, sa, b, sb, out_dtype=FP8, backend="pallas_sm90",
+                                     power_of_two_scales=power_of_two)
+
+  text = jax.jit(fn).trace(*_avals(4096, 4096, 7168)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mul.rn.f32" in text
+  assert ("fma.rn.f32" in text) == (not power_of_two)
+
+
 def test_config_validation():
   with pytest.raises(ValueError, match="wg_split"):
     hopper.HopperConfig(wg_split="k").check()
@@ -363,6 +378,27 @@ def test_gpu_deepseek_shapes(m, n, k):
 @pytest.mark.parametrize("out_dtype,with_c", [(BF16, False), (F32, True), (BF16, True)])
 def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
   _gpu_check(m, n, k, out_dtype, with_c)
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (300, 7000, 1000)])
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
+  """On the tensor cores, the FP8 output's epilogue (its division by the row's reciprocal)
+  gives, bit for bit, the numpy model's 1x128 quantisation of the same config's float32
+  output (the same K loop: the same float32 values)."""
+  from test_quantize_kernels import model_1x128
+  cfg = hopper_tiling.fp8_output_config(m, n, k)
+  # The float32 output's stores need more SMEM: a shallower ring (the same sums).
+  configs = {FP8: cfg, F32: hopper_tiling._fit_stages(cfg, F32, None, max_stages=cfg.stages)}
+  a, sa, b, sb, _ = _gpu_operands(m, n, k, 5, False)
+  call = lambda out_dtype: jax.jit(lambda *x: hopper.blockwise_fp8_dot(
+      *x, None, beta=1.0, out_dtype=out_dtype, config=configs[out_dtype],
+      power_of_two_scales=power_of_two))(a, sa, b, sb)
+  q, s = call(FP8)
+  want_q, want_s = model_1x128(np.asarray(call(F32)), power_of_two)
+  np.testing.assert_array_equal(np.asarray(s), want_s)
+  np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q.astype(np.float32))
 
 
 @requires_gpu(major=9)
