@@ -340,8 +340,8 @@ def quantize_pieces(vals, epi_n: int, power_of_two: bool, store_scale):
     scale = quant_math.scale(quant_math.as_amax(bits, jnp.float32), power_of_two,
                              plgpu.Layout.TCGEN05)
     store_scale(g // per_group, scale)
-    out += [quant_math.quantize(v, lax.broadcast_in_dim(scale, v.shape, [0]),
-                                plgpu.Layout.TCGEN05) for v in group]
+    out += [quant_math.quantize_rows(v, scale, plgpu.Layout.TCGEN05, power_of_two=power_of_two,
+                                     division="reciprocal") for v in group]
   return out
 
 

@@ -118,16 +118,6 @@ def _rows_div(a, b, layout):
   return as_amax(jnp.max(magnitude_bits(q), axis=1), jnp.float32)
 
 
-def quantize(v, scale_, layout):
-  """FP8 of v / scale_ (scale_ broadcast to v's shape, both in `layout`)."""
-  q = exact_div(v.astype(jnp.float32), scale_, layout)
-  if device.interpret_mode_active():
-    # The GPU's conversion (cvt.rn.satfinite.e4m3x2.f32) clamps to +-448 itself
-    # (NaN stays NaN); ml_dtypes' would give NaN past 464.
-    q = jnp.clip(q, -E4M3_MAX, E4M3_MAX)
-  return q.astype(FP8)
-
-
 # ---- division by a group's reciprocal (QuantizeConfig(division="reciprocal")) ----
 #
 # A div.rn.f32 per element is a multi-instruction sequence (a MUFU reciprocal, its
@@ -215,5 +205,7 @@ def quantize_rows(v, scale_rows, layout, *, power_of_two: bool, division: str = 
   else:
     q = exact_div(x, _rows(scale_rows, x.shape), layout)
   if device.interpret_mode_active():
-    q = jnp.clip(q, -E4M3_MAX, E4M3_MAX)  # as in quantize()
+    # The GPU's conversion (cvt.rn.satfinite.e4m3x2.f32) clamps to +-448 itself
+    # (NaN stays NaN); ml_dtypes' would give NaN past 464.
+    q = jnp.clip(q, -E4M3_MAX, E4M3_MAX)
   return q.astype(FP8)

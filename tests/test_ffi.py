@@ -218,6 +218,9 @@ def test_inside_jit_between_xla_ops(m, n, k):
 @pytest.mark.parametrize("k,all_splits", [(1300, (1, 3, 11)), (1280, (1, 3, 10))])
 def test_split_k_equals_one_pass(k, all_splits):
   """K = 1300 runs the mma.sync kernel everywhere; K = 1280 the WGMMA kernel on Hopper."""
+  # ffi_call does not build or register the kernel: this test may run first in its process.
+  _, reason = jffi._load()
+  assert reason is None, reason
   ops = testing.random_operands(9, 70, 300, k, with_c=True)
   ref = testing.reference_f64(*ops.args(), beta=-1.0)
   outs = []

@@ -28,7 +28,9 @@ def _parse():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shape", default="4096x7168x2048", help="MxNxK")
   p.add_argument("--with_c", action="store_true", help="with a float32 residual c")
-  p.add_argument("--out_dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  p.add_argument("--out_dtype", default="bfloat16",
+                 choices=("bfloat16", "float32", "float8_e4m3fn"),
+                 help="float8_e4m3fn: the FP8 output quantised in the epilogue")
   p.add_argument("--dump_dir", default=None, help="keep Mosaic's PTX dumps here")
   return p.parse_args()
 
