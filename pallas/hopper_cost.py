@@ -95,11 +95,15 @@ MASKED_LIVE_FIRST_TILES = ((128, 192, "m", 2), (128, 160, "m", 2))
 # The live-first walk scans the groups' row counts, unrolled, for every tile:
 # up to this many groups (beyond, these tiles are not candidates).
 MASKED_LIVE_FIRST_MAX_GROUPS = 16
-# ... and these take a ring one stage past RING_BYTES (4 stages of 128 x 192:
-# 4 x 384 7168x2048 45.4 us over four fills against 48.3 with 3; MASKED_TILES'
-# efficiency is the deeper ring's). Masked wide tiles stage no a-scale windows
-# (within +-1% at 4 x 256 and 4 x 384 7168x2048; 128 x 160 3% slower with them).
-MASKED_DEEPER_RING_TILES = ((128, 192, "m", 2),)
+# Masked wide tiles stage no a-scale windows (within +-1% at 4 x 256 and 4 x 384
+# 7168x2048; 128 x 160 3% slower with them).
+# These tiles take a ring one stage past RING_BYTES, masked and dense (the
+# tables' efficiencies are the deeper ring's): 4 stages of 128 x 192, masked
+# 4 x 384 7168x2048 45.4 us over four fills against 48.3 with 3; dense
+# 4096x2112x7168 +2.2-2.4%, 1024 / 2048 / 8192 / 16384 rows x 2112x7168 +2.1 /
+# +0.1 / +2.3 / +1.0%, 1024x18432x7168 +1.4% (H100, 2026-11-26). Ragged groups
+# (their row-exact stores take more SMEM) keep RING_BYTES.
+DEEPER_RING_TILES = ((128, 192, "m", 2),)
 # The masked GEMMs' row counts (masked_m) are known on the device only: their
 # estimate averages over MASKED_DRAWS fills, each group's rows spread evenly
 # over half its capacity M to all of it, independently of the other groups'
@@ -256,9 +260,15 @@ def _per_row_deep_ring(cfg: HopperConfig, per_row_b: bool) -> bool:
           and cfg.stages == _PER_ROW_RING_STAGES)
 
 
-def masked_deeper_ring(cfg: HopperConfig) -> bool:
-  """A masked tile of MASKED_DEEPER_RING_TILES with its ring one stage deeper."""
-  return tile_key(cfg) in MASKED_DEEPER_RING_TILES and cfg.stages == ring_stages(cfg) + 1
+def takes_deeper_ring(tile: tuple, *, row_masks: bool, b_scale_rows: int) -> bool:
+  """Whether a large-M tile (tile_key) of a problem runs only with the ring one
+  stage past RING_BYTES (DEEPER_RING_TILES: dense and masked 128x128-scaled GEMMs)."""
+  return tile in DEEPER_RING_TILES and not row_masks and b_scale_rows == SCALE_N
+
+
+def deeper_ring(cfg: HopperConfig) -> bool:
+  """A tile of DEEPER_RING_TILES with its ring one stage deeper."""
+  return tile_key(cfg) in DEEPER_RING_TILES and cfg.stages == ring_stages(cfg) + 1
 
 
 def _short_k(cfg: HopperConfig, m: int, k: int) -> bool:
@@ -305,7 +315,8 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
     return "two-block steps of a tile with a one-block ring < 4 stages (measured: starves)"
   if _past_ring_bytes(cfg) and not (_deep_ring(cfg, m) or _short_k(cfg, m, k)
                                     or _per_row_deep_ring(cfg, b_scale_rows == 1)
-                                    or (masked and masked_deeper_ring(cfg))):
+                                    or (not row_masks and b_scale_rows == SCALE_N
+                                        and deeper_ring(cfg))):
     return "a ring past RING_BYTES (measured slower)"
   if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:
     return "64-row three-consumer tiles for M > 64 over several waves (measured slower)"
@@ -346,7 +357,8 @@ def _large_m_unit_us(cfg, m, k, chained, table) -> float:
     fixed /= 2
   elif _per_row_deep_ring(cfg, table is PER_ROW_B_TILES):
     loop *= _PER_ROW_RING_GAIN
-  elif _past_ring_bytes(cfg) and not (table is MASKED_TILES and masked_deeper_ring(cfg)):
+  elif _past_ring_bytes(cfg) and not (
+      (table is MASKED_TILES or table is LARGE_M_TILES) and deeper_ring(cfg)):
     loop *= _L1_LOSS
   return block_us * (loop + fixed)
 

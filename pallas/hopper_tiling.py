@@ -136,8 +136,9 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
     if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
     for t in tiles:
-      if masked and t in hopper_cost.MASKED_DEEPER_RING_TILES:
-        yield t, base, 1
+      if hopper_cost.takes_deeper_ring(t, row_masks=row_masks, b_scale_rows=b_scale_rows):
+        for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
+          yield t, dict(base, cluster_m=cluster_m), 1
         continue
       for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 else (1,):
         yield t, dict(base, cluster_m=cluster_m), 0
