@@ -101,8 +101,10 @@ MASKED_LIVE_FIRST_MAX_GROUPS = 16
 # tables' efficiencies are the deeper ring's): 4 stages of 128 x 192, masked
 # 4 x 384 7168x2048 45.4 us over four fills against 48.3 with 3; dense
 # 4096x2112x7168 +2.2-2.4%, 1024 / 2048 / 8192 / 16384 rows x 2112x7168 +2.1 /
-# +0.1 / +2.3 / +1.0%, 1024x18432x7168 +1.4% (H100, 2026-11-26). Ragged groups
-# (their row-exact stores take more SMEM) keep RING_BYTES.
+# +0.1 / +2.3 / +1.0%, 256x24576x1536 +4.3%, 256x18432x7168 +5.7%, 512 rows x
+# 18432x7168 / 36864x7168 +2.9%, 1024x18432x7168 +1.4%, 4096x7000x1000 +1.0% (H100,
+# 2026-11-26). Ragged groups (their row-exact stores take more SMEM; not measured)
+# keep RING_BYTES.
 DEEPER_RING_TILES = ((128, 192, "m", 2),)
 # The masked GEMMs' row counts (masked_m) are known on the device only: their
 # estimate averages over MASKED_DRAWS fills, each group's rows spread evenly
