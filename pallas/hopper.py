@@ -559,7 +559,7 @@ class _Warpgroup:
         dst, s_gmem = out_gmem
         layout = plgpu.Layout.WGMMA
         scale = quant_math.scale(quant_math.row_amax(val), self.prob.power_of_two, layout)
-        # The row's reciprocal and its correction, not a div.rn.f32 per element.
+        # The row's reciprocal and its corrections, not a div.rn.f32 per element.
         val = quant_math.quantize_rows(val, scale, layout, power_of_two=self.prob.power_of_two,
                                        division="reciprocal")
         s_gmem.at[tile.out_group, lax.div(cols.start, i32(SCALE_N)), rows][...] = scale
