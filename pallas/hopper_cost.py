@@ -317,7 +317,8 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
     return "two-block steps of a tile with a one-block ring < 4 stages (measured: starves)"
   if _past_ring_bytes(cfg) and not (_deep_ring(cfg, m) or _short_k(cfg, m, k)
                                     or _per_row_deep_ring(cfg, b_scale_rows == 1)
-                                    or (not row_masks and b_scale_rows == SCALE_N
+                                    or (takes_deeper_ring(tile_key(cfg), row_masks=row_masks,
+                                                          b_scale_rows=b_scale_rows)
                                         and deeper_ring(cfg))):
     return "a ring past RING_BYTES (measured slower)"
   if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:
