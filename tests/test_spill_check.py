@@ -42,6 +42,26 @@ def test_reads_a_wgmma_serialisation_note():
   assert spill_check.wgmma_serialized(report.replace(note, "")) is None
 
 
+def test_counts_wgmma_chunks_zeroed_by_moves():
+  """A chunk is a run of WGMMAs up to the one arming its wait (gsb0); it is
+  zeroed by moves when its first WGMMA lacks the no-accumulate flag."""
+  def chunk(first_operand, *, wgmmas=4, reg="R24"):
+    lines = [f"        /*1cc0*/   QGMMA.64x128x32.F32.E4M3.E4M3 {reg}, gdesc[UR36], "
+             f"{first_operand} ;"]
+    lines += [f"        /*1d00*/   QGMMA.64x128x32.F32.E4M3.E4M3 {reg}, gdesc[UR20], {reg} ;"
+              ] * (wgmmas - 2)
+    lines += [f"        /*1d80*/   QGMMA.64x128x32.F32.E4M3.E4M3 {reg}, gdesc[UR8], {reg}, gsb0 ;",
+              "        /*1e00*/   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+              "        /*1e10*/   FFMA R100, R89, R26, R100 ;"]
+    return "\n".join(lines)
+  flagged, zeroed = chunk("RZ, !UPT"), chunk("R24")
+  assert spill_check.zeroed_chunks(flagged + "\n" + flagged) == (2, 0)
+  assert spill_check.zeroed_chunks(flagged + "\n" + zeroed) == (2, 1)
+  assert spill_check.zeroed_chunks(zeroed.replace("QGMMA.64x128x32.F32.E4M3.E4M3",
+                                                  "HGMMA.64x128x16.F32.BF16")) == (1, 1)
+  assert spill_check.zeroed_chunks("        /*0000*/   FFMA R1, R2, R3, R4 ;") == (0, 0)
+
+
 @pytest.mark.parametrize("case", ["dense:256x512x384", "fp8out:256x512x384",
                                   "wgrad:256x512x384", "glu:256x256x384", "glu8:256x256x384",
                                   "masked:2x128x512x384", "ragged:2x128x512x384"])
@@ -53,7 +73,9 @@ def test_every_kind_lowers_for_cuda(case):
 
 @requires_gpu(major=9)
 def test_gpu_default_tilings_do_not_spill():
-  """... nor have their WGMMAs serialised by ptxas (spill_check fails those too)."""
+  """... nor have their WGMMAs serialised by ptxas, nor a WGMMA chunk whose block
+  accumulator ptxas zeroes by moves instead of the no-accumulate flag (spill_check
+  fails those too; the SASS it reads needs cuobjdump, on the GPU machine)."""
   cases = ["dense:1024x4096x7168", "dense:512x7168x16384", "dense:512x7168x2048",
            "dense:512x7168x18432", "wgrad:7168x18432x4096", "glu8:4096x18432x7168",
            "masked:4x384x7168x2048"]
@@ -63,7 +85,9 @@ def test_gpu_default_tilings_do_not_spill():
   few = ["dense:4096x4096x7168", "dense:4096x7168x2048"]
   for chosen, max_bytes in ((cases, 0), (few, 8)):
     run = subprocess.run([sys.executable, os.path.join(_TOOLS, "spill_check.py"),
-                          "--cases=" + ",".join(chosen), f"--max_bytes={max_bytes}"],
+                          "--cases=" + ",".join(chosen), f"--max_bytes={max_bytes}",
+                          "--fail_zeroed"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count(" bytes spilled") == len(chosen), run.stdout
+    assert run.stdout.count(" WGMMA chunks zeroed by moves") == len(chosen), run.stdout

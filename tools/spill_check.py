@@ -1,6 +1,7 @@
 """Compiles the Hopper kernel at its default tilings and reports ptxas's register
-spills per kernel, and any WGMMAs it serialises (compile only: nothing runs). On
-the GPU machine: PTX and ptxas run when XLA compiles, for the attached GPU.
+spills per kernel, any WGMMAs it serialises, and WGMMA chunks whose block
+accumulator is zeroed by moves (compile only: nothing runs). On the GPU machine:
+PTX and ptxas run when XLA compiles, for the attached GPU.
 
     python3 tools/spill_check.py                    # the default cases
     python3 tools/spill_check.py --cases=dense:1024x4096x7168,masked:4x384x7168x2048
@@ -18,11 +19,19 @@ consumers' K loop, 128 x 256 tiles on grids of one tile per CTA took 21-64%
 longer (benchmarks/RESULTS.md, 2026-11-26). Also fails a case whose report says
 ptxas serialised its WGMMAs (C7514-style "wgmma.mma_async instructions are
 serialized": every WGMMA then waits for the one before; a WGMMA group in flight
-across the K loop's back edge did it, pallas/README.md). Prints a line per case
-(tiling as tools/tiling_picks.py writes it, spilled bytes); exit status 1 if a
-case spills more than --max_bytes, has its WGMMAs serialised or gave no ptxas
-report. --variant replaces HopperConfig fields of every case's default
-(tools/compare_configs.py's syntax).
+across the K loop's back edge did it, pallas/README.md). Where ptxas and cuobjdump
+are on PATH (the GPU machine's /usr/local/cuda/bin), it also reads the kernel's SASS
+and counts the WGMMA chunks (groups of WGMMAs ending in one wait) whose first WGMMA
+lacks the no-accumulate flag (`QGMMA ... RZ, !UPT`): Mosaic issues every WGMMA
+accumulating onto registers set to zero, and ptxas folds the zeros into the flag
+only where it can see them; where it cannot, the chunk's accumulator is zeroed by 64
+moves between the chunk before and its WGMMA (a 128 x 256 kernel in which it did,
+with another epilogue, ran 13% slower; benchmarks/RESULTS.md, 2026-11-26 23:06).
+Prints a line per case (tiling as tools/tiling_picks.py writes it, spilled bytes,
+zeroed chunks); exit status 1 if a case spills more than --max_bytes, has its WGMMAs
+serialised, gave no ptxas report, or (--fail_zeroed) has a zeroed chunk. --variant
+replaces HopperConfig fields of every case's default (tools/compare_configs.py's
+syntax).
 """
 from __future__ import annotations
 
@@ -31,6 +40,8 @@ import functools
 import glob
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -68,6 +79,36 @@ def wgmma_serialized(ptxas_report: str) -> str | None:
   """ptxas's note that it serialised the kernel's WGMMAs (its reason), or None."""
   found = re.search(r"wgmma\.mma_async instructions are serialized[^\n]*", ptxas_report)
   return found.group(0) if found else None
+
+
+def zeroed_chunks(sass: str) -> tuple[int, int]:
+  """(WGMMA chunks, chunks whose first WGMMA accumulates instead of carrying the
+  no-accumulate flag) of a kernel's SASS (cuobjdump -sass). A chunk is a run of
+  WGMMA instructions (QGMMA/HGMMA) up to the one that arms its wait (`gsb0`)."""
+  chunks = zeroed = 0
+  first = True
+  for line in sass.splitlines():
+    if not re.search(r"\b[QH]GMMA\.", line):
+      continue
+    if first:
+      chunks += 1
+      zeroed += "!UPT" not in line
+    first = "gsb0" in line
+  return chunks, zeroed
+
+
+def sass_of(ptx_path: str) -> str | None:
+  """The SASS of a dumped PTX file (ptxas for sm_90a, then cuobjdump), or None
+  where either tool is missing."""
+  path = os.environ.get("PATH", "") + os.pathsep + "/usr/local/cuda/bin"
+  ptxas, cuobjdump = (shutil.which(t, path=path) for t in ("ptxas", "cuobjdump"))
+  if ptxas is None or cuobjdump is None:
+    return None
+  cubin = ptx_path + ".cubin"
+  subprocess.run([ptxas, "-arch=sm_90a", ptx_path, "-o", cubin], check=True,
+                 capture_output=True)
+  return subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True,
+                        text=True).stdout
 
 
 def kernel_call(kind: str, dims: tuple[int, ...], variant: dict | None = None):
@@ -114,6 +155,8 @@ def main(argv=None) -> int:
   p.add_argument("--max_bytes", type=int, default=0, help="spill bytes a case may have")
   p.add_argument("--variant", default="", help="HopperConfig fields replaced in every case's "
                  "default, e.g. tile_n=256,producer_registers=72")
+  p.add_argument("--fail_zeroed", action="store_true",
+                 help="also fail a case with a WGMMA chunk zeroed by moves")
   args = p.parse_args(argv)
   cases = [parse_case(c) for c in args.cases.split(",") if c.strip()]
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -128,21 +171,29 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="spill_check_") as dump:
       os.environ["MOSAIC_GPU_DUMP_TO"] = dump
       os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
+      os.environ["MOSAIC_GPU_DUMP_PTX"] = "1"
       cfg, fn, avals = kernel_call(kind, dims, variant)
       jax.jit(fn).trace(*avals).lower().compile()
       report = "".join(open(f).read() for f in glob.glob(os.path.join(dump, "*.ptxas")))
+      ptx = glob.glob(os.path.join(dump, "*.ptx"))
+      sass = sass_of(ptx[0]) if len(ptx) == 1 else None
     spilled = spilled_bytes(report)
     serialized = wgmma_serialized(report)
     verdict = "no ptxas report" if spilled is None else f"{spilled} bytes spilled"
+    zeroed = 0
+    if sass is not None:
+      chunks, zeroed = zeroed_chunks(sass)
+      verdict += f"; {zeroed} of {chunks} WGMMA chunks zeroed by moves"
     if serialized:
       verdict += f"; {serialized}"
-    bad = spilled is None or spilled > args.max_bytes or serialized is not None
+    bad = (spilled is None or spilled > args.max_bytes or serialized is not None
+           or (args.fail_zeroed and zeroed > 0))
     print(f"{name:32s} {spec(cfg):34s} {verdict}{'  <--' if bad else ''}", flush=True)
     if bad:
       failed.append(name)
   if failed:
-    print(f"spill_check: {len(failed)} case(s) over {args.max_bytes} bytes, serialised or "
-          f"unreported: {', '.join(failed)}")
+    print(f"spill_check: {len(failed)} case(s) over {args.max_bytes} bytes, serialised, "
+          f"unreported{' or zeroing' if args.fail_zeroed else ''}: {', '.join(failed)}")
   return 1 if failed else 0
 
 
