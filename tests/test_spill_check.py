@@ -45,15 +45,11 @@ def test_reads_a_wgmma_serialisation_note():
 def test_counts_wgmma_chunks_zeroed_by_moves():
   """A chunk is a run of WGMMAs up to the one arming its wait (gsb0); it is
   zeroed by moves when its first WGMMA lacks the no-accumulate flag."""
-  def chunk(first_operand, *, wgmmas=4, reg="R24"):
-    lines = [f"        /*1cc0*/   QGMMA.64x128x32.F32.E4M3.E4M3 {reg}, gdesc[UR36], "
-             f"{first_operand} ;"]
-    lines += [f"        /*1d00*/   QGMMA.64x128x32.F32.E4M3.E4M3 {reg}, gdesc[UR20], {reg} ;"
-              ] * (wgmmas - 2)
-    lines += [f"        /*1d80*/   QGMMA.64x128x32.F32.E4M3.E4M3 {reg}, gdesc[UR8], {reg}, gsb0 ;",
-              "        /*1e00*/   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
-              "        /*1e10*/   FFMA R100, R89, R26, R100 ;"]
-    return "\n".join(lines)
+  def chunk(first_operand):
+    wgmma = "        /*1cc0*/   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR36], "
+    return "\n".join([wgmma + first_operand + " ;", wgmma + "R24 ;", wgmma + "R24 ;",
+                      wgmma + "R24, gsb0 ;", "        /*1e00*/   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+                      "        /*1e10*/   FFMA R100, R89, R26, R100 ;"])
   flagged, zeroed = chunk("RZ, !UPT"), chunk("R24")
   assert spill_check.zeroed_chunks(flagged + "\n" + flagged) == (2, 0)
   assert spill_check.zeroed_chunks(flagged + "\n" + zeroed) == (2, 1)
