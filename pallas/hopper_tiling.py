@@ -41,7 +41,9 @@ from jax_fp8.pallas.hopper_cost import chains_tiles, ring_stages  # noqa: F401 (
 _EXPLORED_DECODE_TILES = ((128, 128, "m", 2),)
 _EXPLORED_LARGE_M_TILES = ((128, 128, "n", 2), (64, 256, "n", 2), (256, 128, "m", 2))
 # Registers the producer warpgroup keeps where a consumer carries two chunks
-# (128 x 256): 72 leaves the consumers 216, where ptxas's K loop does not spill.
+# (128 x 256): 72 leaves the consumers 216, where ptxas's K loop does not spill
+# and issues both chunks' first WGMMAs with the no-accumulate flag (with 232 it
+# zeroes one chunk by moves instead, 13-15% slower: tools/spill_check.py).
 _TWO_CHUNK_PRODUCER_REGISTERS = 72
 # K steps per staged a-scale window of the wide 128 x 192 tiles (HopperConfig.
 # a_scale_window) where the ring's TMA does not bring the scales: their
