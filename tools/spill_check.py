@@ -29,9 +29,9 @@ moves between the chunk before and its WGMMA (a 128 x 256 kernel in which it did
 with another epilogue, ran 13% slower; benchmarks/RESULTS.md, 2026-11-26 23:06).
 Prints a line per case (tiling as tools/tiling_picks.py writes it, spilled bytes,
 zeroed chunks); exit status 1 if a case spills more than --max_bytes, has its WGMMAs
-serialised, gave no ptxas report, or (--fail_zeroed) has a zeroed chunk. --variant
-replaces HopperConfig fields of every case's default (tools/compare_configs.py's
-syntax).
+serialised, gave no ptxas report, or (--fail_zeroed) has a zeroed chunk or no SASS
+to read. --variant replaces HopperConfig fields of every case's default
+(tools/compare_configs.py's syntax).
 """
 from __future__ import annotations
 
@@ -184,10 +184,12 @@ def main(argv=None) -> int:
     if sass is not None:
       chunks, zeroed = zeroed_chunks(sass)
       verdict += f"; {zeroed} of {chunks} WGMMA chunks zeroed by moves"
+    elif args.fail_zeroed:  # asked for, and no SASS to read: unreported, not passed
+      verdict += "; no SASS (ptxas and cuobjdump needed)"
     if serialized:
       verdict += f"; {serialized}"
     bad = (spilled is None or spilled > args.max_bytes or serialized is not None
-           or (args.fail_zeroed and zeroed > 0))
+           or (args.fail_zeroed and (sass is None or zeroed > 0)))
     print(f"{name:32s} {spec(cfg):34s} {verdict}{'  <--' if bad else ''}", flush=True)
     if bad:
       failed.append(name)
