@@ -37,6 +37,7 @@ exact and sliced off.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 
@@ -236,7 +237,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
                                lambda carry: carry, (step, acc))
         else:
           step, acc = lax.fori_loop(i32(0), tile.passes, pass_body, (step, acc))
-        warpgroup.epilogue(tile, acc, out_gmem, stores, c_gmem, c_ring)
+        with jax.named_scope("epilogue"):
+          warpgroup.epilogue(tile, acc, out_gmem, stores, c_gmem, c_ring)
         return step
 
       lax.fori_loop(i32(0), sched.local_units(cta, num_ctas), tile_body, i32(0))
@@ -498,7 +500,8 @@ class _Warpgroup:
                       b_slot.at[pl.ds(cols, cn), kcols].T)
           return block_ref[...]
 
-        block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+        with jax.named_scope("wgmma"):  # issue to wait (pallas/hopper.profiled)
+          block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
         # promote: the f32 sum over K blocks runs outside the tensor cores, a
         # part (each within one 128-row block of b) at a time.
         for p in range(0, cn, pn):
@@ -573,6 +576,31 @@ class _Warpgroup:
 
 # ----------------------------------------------------------------------------- launch
 
+_PROFILE = contextvars.ContextVar("jax_fp8_hopper_profile", default=None)
+
+
+@contextlib.contextmanager
+def profiled(directory: str, events: int = 1024):
+  """Kernels traced inside record Mosaic GPU's on-device profile: per warpgroup,
+  the clock (%clock) at which it enters and leaves each named phase (the ring's
+  waits, each WGMMA chunk, the epilogue; at most `events` phases a warpgroup,
+  later ones dropped), written as a Chrome trace to `directory` after each call.
+  A diagnostic (tools/kernel_timeline.py): the records take SMEM (16 bytes a
+  phase a warpgroup) and cycles."""
+  token = _PROFILE.set((directory, events))
+  try:
+    yield
+  finally:
+    _PROFILE.reset(token)
+
+
+def _profile_params() -> dict:
+  if (profile := _PROFILE.get()) is None:
+    return {}
+  directory, events = profile
+  return dict(profile_space=events, profile_dir=directory, profile_bounds_check=True)
+
+
 def _run(cfg: HopperConfig, launch: problem.Launch):
   """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
   cl = cfg.cluster_m * cfg.cluster_n
@@ -596,7 +624,7 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
       cluster_names=("cluster",),
       num_threads=cfg.consumers + 1,
       thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=False),
+      compiler_params=plgpu.CompilerParams(approx_math=False, **_profile_params()),
   )
   return launch.finish(kernel(a, a_scale, b, b_scale, c, meta))
 

@@ -64,6 +64,18 @@ _CHAINED_DECODE_FIXED_COLUMNS = 16
 # which leaves the 128 x 256 tile its ties.
 LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
                  (192, 128, "m", 3): 0.95, (128, 192, "m", 2): 0.98, (64, 128, "n", 2): 0.8}
+# Pairs of CTAs sharing their A tile by multicast (cluster_n=2) at large M:
+# 256 x 128 tiles split by rows (each warpgroup two 64 x 128 chunks, as in
+# DeepGEMM's kernels) -> efficiency relative to 128 x 256 at full waves, where
+# the ring brings the scales (M >= TMA_SCALES_MIN_M) and the K loop is at least
+# PAIRED_MIN_K_BLOCKS long. Measured +0.5-3.0% over 128 x 256 at 2048-16384 rows
+# x 4096-18432 columns x K 3072-18432 (same waves), -1.4 to -0.6% at K = 1536-2048,
+# -10% at M = 1024 without the scales in the ring (H100, 2026-11-27).
+PAIRED_LARGE_M_TILES = {(256, 128, "m", 2): 1.015}
+PAIRED_MIN_K_BLOCKS = 24
+# ... with a ring of at least this many stages: where a float32 c's ring leaves
+# SMEM for 2, the pairs ran 0.7-2.8% behind 128 x 256 tiles (of 2 stages too).
+PAIRED_MIN_STAGES = 3
 # Ragged groups: 128 x 192 split by rows (one wide chunk per warpgroup) is the
 # fastest over long K loops (128 x 256 split by columns, spill-free since a
 # unit runs at most one K pass behind a branch, is 3-8% behind there); over
@@ -218,6 +230,14 @@ def large_m_tiles(k: int, *, b_scale_rows: int = SCALE_N, row_masks: bool = Fals
   return LARGE_M_TILES
 
 
+def paired_large_m(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
+  """Whether cfg is a modelled pair sharing A at large M (PAIRED_LARGE_M_TILES)."""
+  return (m > DECODE_MAX_M and table is LARGE_M_TILES and cfg.cluster_n == 2
+          and tile_key(cfg) in PAIRED_LARGE_M_TILES and cfg.tma_scales and cfg.split_k == 1
+          and cfg.k_step == 1 and cfg.stages >= PAIRED_MIN_STAGES
+          and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
+
+
 def units(cfg: HopperConfig, m: int, n: int, groups: int = 1) -> int:
   """Units of work of the persistent grid: clusters of tiles x K splits x groups."""
   return (_cdiv(_cdiv(m, cfg.tile_m), cfg.cluster_m)
@@ -298,14 +318,17 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
   one_wave = units(cfg, m, n, groups) <= grid(cfg, m, n, groups, num_sms)
   table = DECODE_TILES if decode else large_m_tiles(k, b_scale_rows=b_scale_rows,
                                                     row_masks=row_masks, masked=masked)
-  if tile_key(cfg) not in table:
+  paired = paired_large_m(cfg, m, k, table)
+  if tile_key(cfg) not in table and not paired:
     return "a tile shape without a measurement for this problem"
   if decode and cfg.split_k == 1 and cfg.tile_m > max(64, m):
     return "a decode tile taller than M"
   if cfg.cluster_m > 1:
     return "pairs sharing B"
-  if cfg.cluster_n > 1 and not (decode and cfg.tile_m == 128 and one_wave):
-    return "pairs sharing A other than 128-row decode tiles in one wave (several: no gain)"
+  if cfg.cluster_n > 1 and not (decode and cfg.tile_m == 128 and one_wave) and not paired:
+    return ("pairs sharing A other than 128-row decode tiles in one wave (several: no gain) "
+            f"and large-M {list(PAIRED_LARGE_M_TILES)} tiles with the scales in the ring "
+            f"over >= {PAIRED_MIN_K_BLOCKS} K blocks")
   if cfg.split_k > 1 and not (decode and cfg.tile_n == SPLIT_K_TILE_N and one_wave
                               and cfg.tile_m == max(64, _cdiv(m, 64) * 64)
                               and _cdiv(k, K_BLOCK) >= SPLIT_K_MIN_BLOCKS):
@@ -351,7 +374,9 @@ def _decode_unit_us(cfg, m, k, chained, table) -> float:
 
 def _large_m_unit_us(cfg, m, k, chained, table) -> float:
   area = cfg.tile_m * cfg.tile_n / (128 * 256)  # in 128 x 256 tiles
-  block_us = area / table[tile_key(cfg)] * _TILE_BLOCK_US
+  paired = paired_large_m(cfg, m, k, table)
+  efficiency = (PAIRED_LARGE_M_TILES if paired else table)[tile_key(cfg)]
+  block_us = area / efficiency * _TILE_BLOCK_US
   loop = _k_loop_blocks(cfg, k)
   fixed = _LARGE_M_FIXED_BLOCKS
   if _deep_ring(cfg, m) and chained and _cdiv(k, K_BLOCK) >= _DEEP_RING_MIN_BLOCKS:

@@ -9,7 +9,8 @@ The candidates of a shape, in the cost model's order (the default first):
   of 128-row CTAs sharing their A tile (with two-block steps, one stage more).
 - larger M: the problem's tile table (hopper_cost.large_m_tiles: dense, ragged
   groups, masked groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
-  4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks).
+  4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks); dense
+  GEMMs also 256 x 128 tiles in pairs sharing A (hopper_cost.PAIRED_LARGE_M_TILES).
 - what autotuning also tries (the model has no measurement for it, so it is
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
 Every candidate is completed the same way: the scales brought by the ring's TMA
@@ -55,6 +56,10 @@ _WIDE_TILE_A_SCALE_WINDOW = 4
 # L1. 256-column tiles gain up to twice as many.
 _SHORT_K_BLOCKS = 8
 _SHORT_K_BLOCKS_WIDE_TILE = 16
+# An FP8 output (quantised in the epilogue) takes the long-K pairs sharing A
+# (hopper_cost.PAIRED_LARGE_M_TILES) from this N: at 4096 x 7168 x 16384 / 18432
+# +6-8% over 128 x 256 tiles, at N = 4096 (4096 and 8192 rows, K = 7168) 2-3% behind.
+_FP8_PAIRS_MIN_N = 7168
 
 
 def _grouped_allows(cfg: HopperConfig) -> bool:
@@ -137,6 +142,8 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
                                       masked=masked)
     if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
+      for t in hopper_cost.PAIRED_LARGE_M_TILES:  # pairs sharing A
+        yield t, dict(base, cluster_n=2), 0
     for t in tiles:
       if hopper_cost.takes_deeper_ring(t, row_masks=row_masks, b_scale_rows=b_scale_rows):
         for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
@@ -250,9 +257,12 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
   warpgroup chunks of whole 128-column groups, each stored as one piece, and
   no K split (its partials would leave the epilogue)."""
   cfg = default_config(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
-  if cfg.wide_chunks:  # its parts are 64 columns: the next candidate with 128-column ones
+  narrow_pairs = cfg.cluster_n > 1 and n < _FP8_PAIRS_MIN_N
+  if cfg.wide_chunks or narrow_pairs:
+    # The next candidate with 128-column parts (wide chunks' are 64), not in pairs.
     cands = candidate_configs(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
-    cfg = next((c for c in cands if not c.wide_chunks and c.piece_n() == SCALE_N), cfg)
+    cfg = next((c for c in cands if not c.wide_chunks and c.piece_n() == SCALE_N
+                and not (narrow_pairs and c.cluster_n > 1)), cfg)
   if cfg.split_k > 1 or cfg.piece_n() != SCALE_N:
     # The decode tile of 128-column warpgroups: 64 x 256 (two side by side),
     # or 128 x 128 (one above the other) where M fills 128 rows.

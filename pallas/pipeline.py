@@ -31,6 +31,11 @@ ring of a kernel whose TMA copies multicast into the peer CTA's SMEM must have
 its "empty" barriers of that kind, so that a slot is refilled only when the
 consumers of both CTAs are done with it.
 
+Phases. The ring's waits and a producer's stage are named scopes
+("empty_wait", "produce", "full_wait"): with Mosaic GPU's on-device profiler on
+(pallas/hopper.profiled), each warpgroup records when it enters and leaves them
+(tools/kernel_timeline.py). Without the profiler a name changes no code.
+
 Closing. GPU interpret mode checks, when a barrier is freed, that every thread
 that waits on it observed every phase that completed. A producer waits for
 "empty" only from its second round on, so the last `num_stages` releases of a
@@ -43,6 +48,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -127,10 +133,12 @@ class ProducerConsumerPipeline:
   def _produce(self, step):
     st = self.stage(step)
 
-    @pl.when(st.step >= self.num_stages)
-    def _():
-      plgpu.barrier_wait(self.empty.at[st.index])
-    yield st
+    with jax.named_scope("empty_wait"):
+      @pl.when(st.step >= self.num_stages)
+      def _():
+        plgpu.barrier_wait(self.empty.at[st.index])
+    with jax.named_scope("produce"):
+      yield st
 
   def producer_mbar(self, st: Stage):
     """The barrier the producer's TMA copies (or MMA commit) complete."""
@@ -138,7 +146,8 @@ class ProducerConsumerPipeline:
 
   # -- consumer side ----------------------------------------------------------
   def wait_producer(self, st: Stage):
-    plgpu.barrier_wait(self.full.at[st.index])
+    with jax.named_scope("full_wait"):
+      plgpu.barrier_wait(self.full.at[st.index])
 
   def consumer_mbar(self, st: Stage):
     """The barrier a consumer arrives on (or hands to tcgen05_mma) to free the slot."""

@@ -127,8 +127,11 @@ def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
   out_type = jax.ShapeDtypeStruct((t.split_k, rows, ops.out_cols),
                                   np.dtype(jnp.float32) if split else out_dtype)
   if quantize_out:  # the scales transposed: a chunk's row scales are contiguous
+    # Whole clusters of tiles: a CTA of a pair past M or N computes a tile of
+    # zeros and stores its scales with generic stores, which TMA does not clip.
     out_type = (out_type, jax.ShapeDtypeStruct(
-        (1, round_up(n, tile_n) // 128, round_up(m, t.tile_m)), jnp.float32))
+        (1, round_up(n, tile_n * t.cluster_n) // 128, round_up(m, t.tile_m * t.cluster_m)),
+        jnp.float32))
   return Launch(Problem(sched, recipe, k_blocks // t.split_k, float(beta),
                         quantize_out=quantize_out, power_of_two=power_of_two_scales,
                         glu_rows=glu_rows, activation=activation),

@@ -162,6 +162,12 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (200, 150, 512, dataclasses.replace(CHAIN, num_sms=4, cluster_m=2, tma_scales=True), False,
      F32, 1.0, None),
     (70, 200, 1000, dataclasses.replace(SPLIT_K, tma_scales=True), True, F32, 0.5, jnp.float32),
+    # the rules' long-K tiling at large M: 256 x 128 tiles split by rows in pairs sharing
+    # A (the second row tile partial, 3 column tiles: one CTA of a pair past N), the
+    # scales in the ring, two tiles per cluster
+    (300, 330, 850, dataclasses.replace(DEFAULT_LARGE, tile_m=256, tile_n=128, wg_split="m",
+                                        stages=2, num_sms=4, cluster_n=2, tma_scales=True,
+                                        producer_registers=72), True, BF16, -1.0, jnp.bfloat16),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,

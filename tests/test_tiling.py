@@ -117,12 +117,14 @@ FROZEN_PICKS = [
                             '192x128m3 s2 e32 on tma': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
-    (4096, 7168, 16384, '', {'128x256n2 s3 e64 on p72 tma': 'bf16 bf16+cbf16',
+    # 256 x 128 tiles in pairs sharing A over long K loops since 2026-11-27 (H100:
+    # +0.9-3.0% at 4096-16384 rows)
+    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16 bf16+cbf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                             '128x256n2 s3 e32 on p72 tma': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 4096, 7168, '', {'128x256n2 s3 e64 on p72 tma': 'bf16 bf16+cbf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16 bf16+cbf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                            '128x256n2 s3 e32 on p72 tma': 'f32 f32+cf32 f32+cbf16'}),
+                            '256x128m2 s3 e32 on cn2 p72 tma': 'f32 f32+cf32 f32+cbf16'}),
     (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma': 'bf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
@@ -159,14 +161,14 @@ FROZEN_PICKS = [
                                       '128x128m2 s5 e32 on tma': 'f32'}),
     (18432, 7168, 16384, 'per-row b', {'128x128m2 s5 e64 on tma': 'bf16',
                                        '128x128m2 s5 e32 on tma': 'f32'}),
-    (4096, 18432, 7168, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
-                             '128x256n2 s3 e32 on p72 tma': 'f32'}),
-    (4096, 7168, 18432, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
-                             '128x256n2 s3 e32 on p72 tma': 'f32'}),
-    (16384, 18432, 7168, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
-                              '128x256n2 s3 e32 on p72 tma': 'f32'}),
-    (16384, 7168, 18432, '', {'128x256n2 s3 e64 on p72 tma': 'bf16',
-                              '128x256n2 s3 e32 on p72 tma': 'f32'}),
+    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
+    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
+    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
+    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
 ]
 
 
@@ -276,8 +278,8 @@ def test_cost_model_terms():
   # The 4-deep ring of 128 x 256 tiles with their scales from GMEM: faster than 3
   # stages where it chains over >= 64 K blocks, slower at 56; with the scales in
   # the ring (tma_scales, from M = 2048) 3 stages.
-  three = hopper_tiling.default_config(4096, 7168, 16384)
-  assert three.stages == 3 and three.tma_scales
+  three = dataclasses.replace(hopper_tiling.default_config(4096, 7168, 2048), epi_tile_n=64)
+  assert (three.tile_m, three.tile_n, three.stages, three.tma_scales) == (128, 256, 3, True)
   assert est(dataclasses.replace(three, stages=4), 4096, 7168, 16384) > est(three, 4096, 7168,
                                                                              16384)
   three = dataclasses.replace(three, tma_scales=False)
@@ -294,6 +296,23 @@ def test_cost_model_terms():
   odd = hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m")
   assert "measurement" in hopper_cost.unmodelled(odd, 4096, 4096, 4096)
   assert math.isinf(est(odd, 4096, 4096, 4096))
+  # ... but 256 x 128 tiles in pairs sharing A are modelled where measured: the
+  # scales in the ring (M >= 2048), K loops of >= 24 blocks; there they win over
+  # 128 x 256 tiles of the same waves.
+  paired = hopper_tiling.default_config(4096, 4096, 7168)
+  assert (paired.tile_m, paired.tile_n, paired.wg_split, paired.cluster_n) == (256, 128, "m", 2)
+  assert paired.producer_registers == 72 and paired.tma_scales
+  assert est(paired, 4096, 4096, 3072) < est(three, 4096, 4096, 3072)
+  assert hopper_cost.unmodelled(paired, 4096, 7168, 2048)  # 16 K blocks
+  assert hopper_cost.unmodelled(dataclasses.replace(paired, tma_scales=False), 4096, 4096, 7168)
+  assert hopper_tiling.default_config(1024, 18432, 7168).cluster_n == 1
+  assert hopper_tiling.default_config(4096, 7168, 2048).cluster_n == 1
+  # ... nor where a float32 c leaves the ring 2 stages
+  assert hopper_tiling.default_config(4096, 4096, 7168, c_dtype=F32).cluster_n == 1
+  # Grouped GEMMs and per-row b scales keep their own tables (no pairs).
+  for kw in (dict(grouped=True, row_masks=True), dict(groups=2, grouped=True),
+             dict(b_scale_rows=1)):
+    assert hopper_tiling.default_config(4096, 4096, 7168, **kw).cluster_n == 1
 
 
 def test_default_config_rules():
@@ -328,6 +347,13 @@ def test_default_config_rules():
   fp8_narrow = hopper_tiling.fp8_output_config(4096, 2112, 7168)
   assert (fp8_narrow.tile_m, fp8_narrow.tile_n, fp8_narrow.consumers) == (192, 128, 3)
   assert fp8_narrow.piece_n() == fp8_narrow.epi_tile_n == 128
+  # An FP8 output takes the long-K pairs sharing A from N = 7168 (at N = 4096 they
+  # ran behind 128 x 256 tiles there).
+  fp8_pairs = hopper_tiling.fp8_output_config(4096, 18432, 7168)
+  assert (fp8_pairs.tile_m, fp8_pairs.cluster_n, fp8_pairs.epi_tile_n) == (256, 2, 128)
+  fp8_no_pairs = hopper_tiling.fp8_output_config(4096, 4096, 7168)
+  assert (fp8_no_pairs.tile_m, fp8_no_pairs.tile_n, fp8_no_pairs.cluster_n) == (128, 256, 1)
+  assert hopper_tiling.default_config(4096, 4096, 7168).cluster_n == 2
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
   short = hopper_tiling.default_config(4096, 32768, 512)
   assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)

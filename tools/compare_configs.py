@@ -7,7 +7,8 @@ operands rotated past the L2, every output checked against the contract). On the
 
 --per_row_b times the weight gradient's recipe instead (one b scale per row of b,
 float32 output), as `tools/compare_configs.py --per_row_b --shapes=7168x18432x4096
---variants="stages=5"`.
+--variants="stages=5"`. --out_dtype=float32 and --c_dtype=bfloat16|float32 time those
+outputs and residuals of the dense recipe.
 
 A variant is a comma list of HopperConfig fields replaced in the shape's default
 (pallas/hopper_tiling.default_config); variants are separated by ';'. A variant the config
@@ -43,9 +44,11 @@ def parse_variant(text: str) -> dict:
   return fields
 
 
-def variant_configs(base, variants: list[dict], label: str) -> dict:
+def variant_configs(base, variants: list[dict], label: str, out_dtype=None,
+                    c_dtype=None) -> dict:
   """{"default": base, "field=value,...": variant, ...}: the variants the config
-  check accepts and whose SMEM fits (bf16 output); the others are reported."""
+  check accepts and whose SMEM fits (for out_dtype, bf16 if None, and c_dtype); the
+  others are reported."""
   import jax.numpy as jnp
   from jax_fp8.pallas.common import SMEM_BYTES
   configs = {"default": base}
@@ -54,8 +57,9 @@ def variant_configs(base, variants: list[dict], label: str) -> dict:
     try:
       cfg = dataclasses.replace(base, **fields)
       cfg.check()
-      if cfg.smem_bytes(jnp.bfloat16) > SMEM_BYTES:
-        raise ValueError(f"needs {cfg.smem_bytes(jnp.bfloat16)} B of SMEM > {SMEM_BYTES}")
+      smem = cfg.smem_bytes(out_dtype or jnp.bfloat16, c_dtype)
+      if smem > SMEM_BYTES:
+        raise ValueError(f"needs {smem} B of SMEM > {SMEM_BYTES}")
     except (TypeError, ValueError) as e:
       print(f"{label} {name}: refused: {e}")
       continue
@@ -71,6 +75,10 @@ def main(argv=None) -> int:
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--per_row_b", action="store_true",
                  help="per-row b scales (the weight gradient's recipe), float32 output")
+  p.add_argument("--out_dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                 help="the output dtype (without --per_row_b)")
+  p.add_argument("--c_dtype", default=None, choices=("bfloat16", "float32"),
+                 help="a residual c of this dtype (beta = 1)")
   args = p.parse_args(argv)
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   sys.path.insert(0, os.path.dirname(__file__))
@@ -82,9 +90,11 @@ def main(argv=None) -> int:
   for shape in args.shapes.split(","):
     m, n, k = (int(x) for x in shape.lower().split("x"))
     kw = ({"out_dtype": jnp.dtype(jnp.float32), "b_scale_rows": 1} if args.per_row_b
-          else {"out_dtype": jnp.dtype(jnp.bfloat16)})
+          else {"out_dtype": jnp.dtype(args.out_dtype)})
+    if args.c_dtype:
+      kw["c_dtype"] = jnp.dtype(args.c_dtype)
     base = hopper_tiling.default_config(m, n, k, **kw)
-    configs = variant_configs(base, variants, shape)
+    configs = variant_configs(base, variants, shape, kw["out_dtype"], kw.get("c_dtype"))
     times = time_pair(m, n, k, kw, list(configs.values()), rounds=args.rounds,
                       iters=args.iters)
     flop = 2 * m * n * k
