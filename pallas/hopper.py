@@ -408,12 +408,15 @@ class _Warpgroup:
 
   def run_tma_scales_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """run_pass with each slot's scales in SMEM beside its operands
-    (HopperConfig.tma_scales): a step reads them at its top, before its WGMMA."""
-    def k_step(slot, ks, acc):
+    (HopperConfig.tma_scales): a step reads them at its top, before its WGMMA,
+    or with step_top_overlap once its first WGMMA is issued."""
+    def k_step(slot, ks, acc, after_last_wgmma=None):
       b_staged = None if self.b_scales is None else self.b_scales.at[slot]
-      scales = self.step_scales(tile, tp, ks, self.a_scales.at[slot], b_staged)
+      scales = functools.partial(self.step_scales, tile, tp, ks, self.a_scales.at[slot],
+                                 b_staged)
       return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc,
-                                  scales, k_steps, load_next=False)[0]
+                                  scales if self.cfg.step_top_overlap else scales(), k_steps,
+                                  load_next=False, after_last_wgmma=after_last_wgmma)[0]
     return self.k_loop(inputs, step0, k_steps, k_step, acc)
 
   def k_loop(self, inputs, step0, k_steps: int, k_step, carry):
@@ -423,19 +426,36 @@ class _Warpgroup:
     take it from the step: with the slot carried, ptxas made the masked
     4 x 256 7168x2048 kernel 2.9x slower, and with the scales in the ring the
     ragged 8 x 4096 7168x2048 one 4x slower. (The staged pass below carries
-    it: measured faster on the ragged 128 x 192 tiles.)"""
+    it: measured faster on the ragged 128 x 192 tiles.)
+
+    With step_top_overlap a dense pass's k_step(slot, ks, carry, hook) calls
+    hook() after its last WGMMA: the warpgroup tests the next slot's barrier
+    there, without blocking, and waits at the next step's top only where the
+    test failed (pallas/barrier_probe.py): the barrier's round trip overlaps
+    the last promotion instead of following it."""
     if not self.prob.scheduler.static_passes:
       def step_body(ks, carry):
         with inputs.consume(step0 + ks) as st:
           return k_step(st.index, ks, carry)
       return lax.fori_loop(i32(0), i32(k_steps), step_body, carry)
 
-    def body(ks, carry_slot):
-      carry, slot = carry_slot
-      with inputs.consume_slot(slot):
-        carry = k_step(slot, ks, carry)
-      return carry, inputs.next_index(slot)
-    return lax.fori_loop(i32(0), i32(k_steps), body, (carry, inputs.stage(step0).index))[0]
+    if not self.cfg.step_top_overlap:
+      def body(ks, carry_slot):
+        carry, slot = carry_slot
+        with inputs.consume_slot(slot):
+          carry = k_step(slot, ks, carry)
+        return carry, inputs.next_index(slot)
+      return lax.fori_loop(i32(0), i32(k_steps), body, (carry, inputs.stage(step0).index))[0]
+
+    def tested_body(ks, state):
+      carry, slot, ready = state  # ready: the test of this slot in the step before
+      nxt = inputs.next_index(slot)
+      tested = []
+      with inputs.consume_slot(slot, ready):
+        carry = k_step(slot, ks, carry, lambda: tested.append(inputs.full_ready(nxt)))
+      return carry, nxt, tested[0]
+    state = (carry, inputs.stage(step0).index, jnp.bool_(False))  # a pass's first step waits
+    return lax.fori_loop(i32(0), i32(k_steps), tested_body, state)[0]
 
   def run_staged_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """run_pass with the a-scales staged by the producer, a window of steps at a
@@ -468,7 +488,7 @@ class _Warpgroup:
     return lax.fori_loop(i32(0), i32(k_steps), body, carry)[0]
 
   def consumer_k_step(self, a_slot, b_slot, tile, tp, ks, acc, scales, k_steps, *,
-                      load_next=True):
+                      load_next=True, after_last_wgmma=None):
     """WGMMA and promotion of step ks's K blocks; returns (acc, next step's scales)
     (None unless load_next).
 
@@ -479,7 +499,11 @@ class _Warpgroup:
     (a vector of column scales per part, not one value) load a one-block step's
     at its top instead, the longest lead: loaded after the promotion, the
     weight gradient's per-row b scales made its K loop 13% slower at 16384
-    tokens (RESULTS.md, 2026-11-26)."""
+    tokens (RESULTS.md, 2026-11-26).
+
+    scales may be a function returning them (step_top_overlap): it is called
+    once the step's first WGMMA is issued, and after_last_wgmma (if given) once
+    its last one is waited for, before that chunk's promotion."""
     cfg = self.cfg
     cm, cn = cfg.chunk()
     pn = cfg.piece_n()
@@ -495,13 +519,20 @@ class _Warpgroup:
       for r, c in self.chunks:
         rows, cols, kcols = wr + r, wc + c, pl.ds(j * K_BLOCK, K_BLOCK)
 
-        def mma(block_ref, rows=rows, cols=cols, kcols=kcols):
+        read_scales = callable(scales)
+
+        def mma(block_ref, rows=rows, cols=cols, kcols=kcols, read_scales=read_scales):
           plgpu.wgmma(block_ref, a_slot.at[pl.ds(rows, cm), kcols],
                       b_slot.at[pl.ds(cols, cn), kcols].T)
-          return block_ref[...]
+          read = scales() if read_scales else None  # while the WGMMA runs
+          return block_ref[...], read
 
         with jax.named_scope("wgmma"):  # issue to wait (pallas/hopper.profiled)
-          block = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+          block, read = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+        if read_scales:
+          scales = read
+        if after_last_wgmma and j == k_step - 1 and (r, c) == self.chunks[-1]:
+          after_last_wgmma()
         # promote: the f32 sum over K blocks runs outside the tensor cores, a
         # part (each within one 128-row block of b) at a time.
         for p in range(0, cn, pn):

@@ -66,6 +66,12 @@ class HopperConfig:
   tiles holding rows first, group after group, then the tiles past masked_m
   (pallas/scheduler.MaskedScheduler), so that the round robin shares the live
   tiles evenly however masked_m falls.
+  step_top_overlap (with tma_scales): a consumer's step top overlaps its
+  tensor-core work: it reads a step's scales from the ring once the step's
+  first WGMMA is issued and, in dense K loops (not the grouped schedulers'),
+  tests the next slot's barrier without blocking after the step's last WGMMA
+  (before that chunk's promotion), so that the next step waits only where the
+  test failed (pallas/barrier_probe.py).
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -86,6 +92,7 @@ class HopperConfig:
   a_scale_window: int = 0
   tma_scales: bool = False
   live_first: bool = False
+  step_top_overlap: bool = False
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -156,6 +163,9 @@ class HopperConfig:
     if self.tma_scales and (self.a_scale_window or self.k_step != 1):
       raise ValueError("tma_scales stages one K block's scales per slot: it needs k_step=1 "
                        "and no a_scale_window")
+    if self.step_top_overlap and not self.tma_scales:
+      raise ValueError("step_top_overlap reads a step's scales from its ring slot: it needs "
+                       "tma_scales")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
       raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
                        f"{self.producer_registers}")

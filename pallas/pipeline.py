@@ -54,6 +54,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jax_fp8.pallas import barrier_probe
+
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
@@ -145,9 +147,13 @@ class ProducerConsumerPipeline:
     return self.full.at[st.index]
 
   # -- consumer side ----------------------------------------------------------
-  def wait_producer(self, st: Stage):
+  def wait_producer(self, st: Stage, ready=None):
+    """Waits until the slot is full; ready: see consume_slot."""
     with jax.named_scope("full_wait"):
-      plgpu.barrier_wait(self.full.at[st.index])
+      if ready is None:
+        plgpu.barrier_wait(self.full.at[st.index])
+      else:
+        barrier_probe.wait_unless(self.full.at[st.index], ready)
 
   def consumer_mbar(self, st: Stage):
     """The barrier a consumer arrives on (or hands to tcgen05_mma) to free the slot."""
@@ -164,14 +170,20 @@ class ProducerConsumerPipeline:
   # A loop over consecutive steps can carry the slot index instead of its step:
   # the index then costs a compare and a select per step instead of a division
   # by num_stages (a waiting thread's barrier parity is kept by Mosaic itself).
-  def consume_slot(self, index):
+  def consume_slot(self, index, ready=None):
     """consume() of the step whose slot is `index` (from stage(step).index or
-    next_index)."""
-    return self._consume(Stage(step=None, index=index, phase=None), True)
+    next_index); ready: what full_ready(index) returned since the slot's last
+    wait (the wait is then skipped where it was True)."""
+    return self._consume(Stage(step=None, index=index, phase=None), True, ready)
+
+  def full_ready(self, index):
+    """Whether slot `index`'s next fill has landed, tested without blocking
+    (pallas/barrier_probe.py): a consumer asks ahead of its next step's wait."""
+    return barrier_probe.ready(self.full.at[index])
 
   @contextlib.contextmanager
-  def _consume(self, st: Stage, release: bool):
-    self.wait_producer(st)
+  def _consume(self, st: Stage, release: bool, ready=None):
+    self.wait_producer(st, ready)
     yield st
     if release:
       self.release(st)

@@ -164,10 +164,16 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (70, 200, 1000, dataclasses.replace(SPLIT_K, tma_scales=True), True, F32, 0.5, jnp.float32),
     # the rules' long-K tiling at large M: 256 x 128 tiles split by rows in pairs sharing
     # A (the second row tile partial, 3 column tiles: one CTA of a pair past N), the
-    # scales in the ring, two tiles per cluster
+    # scales in the ring, two tiles per cluster, the step top overlapped (its scales read
+    # after the first WGMMA's issue; interpret mode has no barrier test: every step waits)
     (300, 330, 850, dataclasses.replace(DEFAULT_LARGE, tile_m=256, tile_n=128, wg_split="m",
                                         stages=2, num_sms=4, cluster_n=2, tma_scales=True,
-                                        producer_registers=72), True, BF16, -1.0, jnp.bfloat16),
+                                        producer_registers=72, step_top_overlap=True), True,
+     BF16, -1.0, jnp.bfloat16),
+    # ... and with one wide chunk per warpgroup (its first WGMMA is its last)
+    (136, 400, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=3,
+                                        wide_chunks=True, tma_scales=True,
+                                        step_top_overlap=True), False, BF16, 1.0, None),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,
@@ -423,6 +429,23 @@ def test_gpu_three_consumers(m, n, k, out_dtype, with_c):
   assert out.shape == (m, n) and np.dtype(out.dtype) == out_dtype
   err = _gpu_rel_error(out, a, sa, b, sb, c, beta)
   assert err <= GPU_TOL[out_dtype], f"{m}x{n}x{k} {cfg}: relative error {err:.3e}"
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (4097, 2112, 7168), (4096, 4000, 7000),
+                                   (2048, 7168, 16384)])
+def test_gpu_step_top_overlap_changes_no_bit(m, n, k):
+  # The rules' tilings overlap their step top (the next slot's barrier tested ahead,
+  # pallas/barrier_probe.py; the scales read after the first WGMMA's issue): the same
+  # sums in the same order as waiting at each step's top, on every tile.
+  cfg = hopper_tiling.default_config(m, n, k, out_dtype=F32)
+  assert cfg.step_top_overlap
+  a, sa, b, sb, _ = _gpu_operands(m, n, k, 6, False)
+  outs = [np.asarray(jax.jit(lambda *x, c=c: hopper.blockwise_fp8_dot(
+      *x, None, beta=1.0, out_dtype=F32, config=c))(a, sa, b, sb))
+      for c in (cfg, dataclasses.replace(cfg, step_top_overlap=False))]
+  assert np.isfinite(outs[0]).all()
+  np.testing.assert_array_equal(outs[0], outs[1])
 
 
 @requires_gpu(major=9)

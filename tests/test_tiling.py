@@ -66,6 +66,8 @@ def _config(spec: str) -> hopper.HopperConfig:
       cfg["tma_scales"] = True
     elif f == "lf":
       cfg["live_first"] = True
+    elif f == "ov":
+      cfg["step_top_overlap"] = True
     elif f[0] == "o":
       cfg["grid_minor"] = f[1:]
     else:
@@ -105,26 +107,26 @@ FROZEN_PICKS = [
     # from M = 2048 every slot's scales come by the ring's TMA ("tma") since 2026-11-26
     # (H100: +1-5% at the M = 2048 / 4096 shapes, per-row b scales +7-14%)
     # a ring one stage past RING_BYTES (4 stages) where it fits since 2026-11-26 (H100: +2.2-2.4%)
-    (4096, 2112, 7168, '', {'128x192m2 s4 e64 on wide tma': 'bf16 bf16+cbf16',
-                            '128x192m2 s3 e64 on wide tma': 'bf16+cf32',
-                            '128x192m2 s4 e32 on wide tma': 'f32 f32+cbf16',
-                            '128x192m2 s3 e32 on wide tma': 'f32+cf32'}),
+    (4096, 2112, 7168, '', {'128x192m2 s4 e64 on wide tma ov': 'bf16 bf16+cbf16',
+                            '128x192m2 s3 e64 on wide tma ov': 'bf16+cf32',
+                            '128x192m2 s4 e32 on wide tma ov': 'f32 f32+cbf16',
+                            '128x192m2 s3 e32 on wide tma ov': 'f32+cf32'}),
     (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma': 'bf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                              '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                              '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
-    (4096, 32768, 512, '', {'192x128m3 s4 e128 on tma': 'bf16',
-                            '192x128m3 s2 e32 on tma': 'bf16+cf32',
+    (4096, 32768, 512, '', {'192x128m3 s4 e128 on tma ov': 'bf16',
+                            '192x128m3 s2 e32 on tma ov': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # 256 x 128 tiles in pairs sharing A over long K loops since 2026-11-27 (H100:
     # +0.9-3.0% at 4096-16384 rows)
-    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16 bf16+cbf16',
+    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16 bf16+cbf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                             '256x128m2 s3 e32 on cn2 p72 tma': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16 bf16+cbf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16 bf16+cbf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                            '256x128m2 s3 e32 on cn2 p72 tma': 'f32 f32+cf32 f32+cbf16'}),
+                            '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32 f32+cf32 f32+cbf16'}),
     (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma': 'bf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
@@ -161,14 +163,14 @@ FROZEN_PICKS = [
                                       '128x128m2 s5 e32 on tma': 'f32'}),
     (18432, 7168, 16384, 'per-row b', {'128x128m2 s5 e64 on tma': 'bf16',
                                        '128x128m2 s5 e32 on tma': 'f32'}),
-    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
-    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
-    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
-    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma': 'f32'}),
+    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
+    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
+    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
+    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
 ]
 
 
@@ -282,7 +284,7 @@ def test_cost_model_terms():
   assert (three.tile_m, three.tile_n, three.stages, three.tma_scales) == (128, 256, 3, True)
   assert est(dataclasses.replace(three, stages=4), 4096, 7168, 16384) > est(three, 4096, 7168,
                                                                              16384)
-  three = dataclasses.replace(three, tma_scales=False)
+  three = dataclasses.replace(three, tma_scales=False, step_top_overlap=False)
   deep = dataclasses.replace(three, stages=4)
   assert est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
   assert est(deep, 4096, 4096, 7168) > est(three, 4096, 4096, 7168)
@@ -304,7 +306,8 @@ def test_cost_model_terms():
   assert paired.producer_registers == 72 and paired.tma_scales
   assert est(paired, 4096, 4096, 3072) < est(three, 4096, 4096, 3072)
   assert hopper_cost.unmodelled(paired, 4096, 7168, 2048)  # 16 K blocks
-  assert hopper_cost.unmodelled(dataclasses.replace(paired, tma_scales=False), 4096, 4096, 7168)
+  assert hopper_cost.unmodelled(
+      dataclasses.replace(paired, tma_scales=False, step_top_overlap=False), 4096, 4096, 7168)
   assert hopper_tiling.default_config(1024, 18432, 7168).cluster_n == 1
   assert hopper_tiling.default_config(4096, 7168, 2048).cluster_n == 1
   # ... nor where a float32 c leaves the ring 2 stages

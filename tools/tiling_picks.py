@@ -97,6 +97,7 @@ def spec(cfg) -> str:
   s += ("" if cfg.scale_product else " sep") + (" wide" if cfg.wide_chunks else "")
   s += f" aw{cfg.a_scale_window}" if cfg.a_scale_window else ""
   s += " tma" if getattr(cfg, "tma_scales", False) else ""
+  s += " ov" if getattr(cfg, "step_top_overlap", False) else ""
   return s + (" lf" if getattr(cfg, "live_first", False) else "")
 
 
