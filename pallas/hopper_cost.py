@@ -269,18 +269,19 @@ def tma_scales_pay(m: int, masked: bool, k_step: int) -> bool:
   return m >= TMA_SCALES_MIN_M and not masked and k_step == 1
 
 
+# ptxas spills 12 bytes of 128 x 256 tiles that overlap their step top (8 without).
+_NO_OVERLAP_TILE = (128, 256)
+
+
 def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *, grouped: bool,
                           b_scale_rows: int) -> bool:
   """Whether a tiling of (tile_m, tile_n) with the scales in the ring overlaps
   its step top (HopperConfig.step_top_overlap): dense GEMMs of 128x128 b scales
-  (+0.5 to +1.4% at the M = 4096 shapes, H100 2026-11-27), except on 128 x 256
-  tiles, which ptxas then spills 12 bytes of (8 without); per-row b scales ran
-  5-7% slower with it, and the grouped schedulers' K loops have no barrier test."""
+  (+0.2-1.4% at the M = 4096 shapes, H100 2026-11-27) on tiles other than
+  _NO_OVERLAP_TILE; per-row b scales ran 5-7% slower with it, and the grouped
+  schedulers' K loops have no barrier test."""
   return (tma_scales and not grouped and b_scale_rows == SCALE_N
           and tuple(tile) != _NO_OVERLAP_TILE)
-
-
-_NO_OVERLAP_TILE = (128, 256)
 
 
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:
