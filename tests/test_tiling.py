@@ -107,6 +107,8 @@ FROZEN_PICKS = [
     # from M = 2048 every slot's scales come by the ring's TMA ("tma") since 2026-11-26
     # (H100: +1-5% at the M = 2048 / 4096 shapes, per-row b scales +7-14%)
     # a ring one stage past RING_BYTES (4 stages) where it fits since 2026-11-26 (H100: +2.2-2.4%)
+    # dense tilings with the scales in the ring overlap their step top ("ov") since
+    # 2026-11-27, but 128 x 256 ones (H100: +0.2-1.4%; 128 x 256 tiles spilled with it)
     (4096, 2112, 7168, '', {'128x192m2 s4 e64 on wide tma ov': 'bf16 bf16+cbf16',
                             '128x192m2 s3 e64 on wide tma ov': 'bf16+cf32',
                             '128x192m2 s4 e32 on wide tma ov': 'f32 f32+cbf16',
