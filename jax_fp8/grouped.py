@@ -123,6 +123,19 @@ def validate_masked(a, a_scale, b, b_scale, masked_m, *, out_dtype, backend):
   return g, m, n, k
 
 
+def _check_expected_m(expected_m, m):
+  """expected_m is None or a static int in [1, M] (a tiling hint: a traced value
+  cannot choose a kernel)."""
+  if expected_m is None:
+    return
+  if isinstance(expected_m, (bool, np.bool_)) or not isinstance(expected_m, (int, np.integer)):
+    raise TypeError("expected_m must be None or a Python int (a static hint of the rows a "
+                    f"group is expected to hold), got {type(expected_m).__name__}")
+  if not 1 <= expected_m <= max(m, 1):
+    raise ValueError(f"expected_m must be in [1, M] = [1, {m}] (M: the rows per group of a), "
+                     f"got {expected_m}")
+
+
 def _host_sizes(sizes, name):
   """The int32 array of a host-side (numpy, list) `sizes`, else None (device arrays and
   tracers are not read: that would be a host sync)."""
@@ -179,10 +192,13 @@ def _problem(a, b):
   return dict(m=m, n=n, k=k, groups=g)
 
 
-def _call_backend(kernel, op, out_dtype, a, a_scale, b, b_scale, sizes):
+def _call_backend(kernel, op, out_dtype, a, a_scale, b, b_scale, sizes, **hints):
+  """hints: the masked op's expected_m, passed where set (a tiling hint; every
+  backend's masked_dot takes it)."""
   m = a.shape[-2]
   norm = normalized_group_sizes if op == RAGGED else normalized_masked_m
-  return kernel(a, a_scale, b, b_scale, norm(sizes, m), out_dtype=out_dtype)
+  hints = {key: value for key, value in hints.items() if value is not None}
+  return kernel(a, a_scale, b, b_scale, norm(sizes, m), out_dtype=out_dtype, **hints)
 
 
 # ---- the primitives ------------------------------------------------------------------------
@@ -215,7 +231,8 @@ def _ragged_abstract_eval(a, a_scale, b, b_scale, group_sizes, *, out_dtype, bac
   return _aval((m, n), out_dtype, out_sharding)
 
 
-def _masked_abstract_eval(a, a_scale, b, b_scale, masked_m, *, out_dtype, backend):
+def _masked_abstract_eval(a, a_scale, b, b_scale, masked_m, *, out_dtype, backend,
+                          expected_m=None):
   g, m, n, _ = validate_masked(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype,
                                backend=backend)
   out_sharding = grouped_sharding.out_sharding(MASKED, (a, a_scale, b, b_scale, masked_m))
@@ -226,15 +243,15 @@ blockwise_fp8_ragged_dot_p.def_abstract_eval(_ragged_abstract_eval)
 blockwise_fp8_masked_dot_p.def_abstract_eval(_masked_abstract_eval)
 
 
-def _lowering(ctx, *args, out_dtype, backend, op, platform):
+def _lowering(ctx, *args, out_dtype, backend, op, platform, **hints):
   if sharding.wants_partitioning(ctx):
     # Several devices: partition by the rules of jax_fp8.grouped_sharding; each
     # shard lowers back here in a one-device (manual) context (no recursion).
     return grouped_sharding.lower(ctx, PRIMITIVES[op], op, *args, out_dtype=out_dtype,
-                                  backend=backend)
+                                  backend=backend, **hints)
   _, kernel = backends.select(platform, backend, op, out_dtype=out_dtype, has_c=False,
                               **_problem(ctx.avals_in[0], ctx.avals_in[2]))
-  impl = functools.partial(_call_backend, kernel, op, out_dtype)
+  impl = functools.partial(_call_backend, kernel, op, out_dtype, **hints)
   return sharding.lower_locally(ctx, impl, *args)
 
 
@@ -269,8 +286,8 @@ def _ragged_batching_rule(args, dims, *, out_dtype, backend):
                          args, dims)
 
 
-def _masked_batching_rule(args, dims, *, out_dtype, backend):
-  params = dict(out_dtype=out_dtype, backend=backend)
+def _masked_batching_rule(args, dims, *, out_dtype, backend, expected_m=None):
+  params = dict(out_dtype=out_dtype, backend=backend, expected_m=expected_m)
   if dims[2] is None:
     # Shared experts: folding the batch into G would copy every expert's
     # weights once per batch element; one call per element instead.
@@ -296,16 +313,16 @@ def _arrays(*xs):
   return tuple(jnp.asarray(x) if not hasattr(x, "dtype") else x for x in xs)
 
 
-def _bind(op, a, a_scale, b, b_scale, sizes, *, out_dtype, backend):
+def _bind(op, a, a_scale, b, b_scale, sizes, *, out_dtype, backend, **hints):
   if backend in backends.PALLAS and device.interpret_mode_active():
     # GPU interpret mode turns a Pallas kernel into ordered io_callbacks, whose
     # effect tokens a primitive's lowering cannot thread: call the kernel
     # directly (the CPU/CI path of the Pallas kernels; jit still applies).
     _, kernel = backends.select("cpu", backend, op, out_dtype=out_dtype, has_c=False,
                                 **_problem(a, b))
-    return _call_backend(kernel, op, out_dtype, a, a_scale, b, b_scale, sizes)
+    return _call_backend(kernel, op, out_dtype, a, a_scale, b, b_scale, sizes, **hints)
   return PRIMITIVES[op].bind(a, a_scale, b, b_scale, sizes, out_dtype=out_dtype,
-                             backend=backend)
+                             backend=backend, **hints)
 
 
 def blockwise_fp8_ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype=jnp.bfloat16,
@@ -342,7 +359,7 @@ def blockwise_fp8_ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype=j
 
 
 def blockwise_fp8_masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.bfloat16,
-                             backend: str = "auto") -> jax.Array:
+                             backend: str = "auto", expected_m: int | None = None) -> jax.Array:
   """Blockwise-scaled FP8 grouped matmul, masked (decode) layout.
 
   Args:
@@ -355,6 +372,13 @@ def blockwise_fp8_masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.
       device: values are clamped to [0, M].
     out_dtype: jnp.bfloat16 or jnp.float32.
     backend: "auto", "reference", "pallas_sm90" or "pallas_sm100".
+    expected_m: the rows a group is expected to hold, an int in [1, M], or
+      None. A hint, as DeepGEMM's masked GEMM takes one: the Hopper kernel
+      then picks its tiles for fills of about 0.7x to 1.3x expected_m instead
+      of fills of half of M to all of it (M is a capacity, often far above
+      what a group holds). It changes no result, and a new value compiles
+      anew, so pass a constant of the model (e.g. tokens x top-k / experts),
+      not this batch's counts. Other backends ignore it.
 
   Returns:
     [G, M, N] out_dtype: out[g, r] is the dense op's contract for a[g, r] and
@@ -364,8 +388,9 @@ def blockwise_fp8_masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.
   host = _host_sizes(masked_m, "masked_m")
   _, m, _, _ = validate_masked(a, a_scale, b, b_scale, _int32_like(host, masked_m),
                                out_dtype=out_dtype, backend=backend)
+  _check_expected_m(expected_m, m)
   if host is not None:
     _check_host_masked_m(host, m)
     masked_m = jnp.asarray(host, jnp.int32)
   return _bind(MASKED, a, a_scale, b, b_scale, masked_m, out_dtype=np.dtype(out_dtype),
-               backend=backend)
+               backend=backend, expected_m=None if expected_m is None else int(expected_m))

@@ -83,18 +83,20 @@ OUT_FACTORS = {RAGGED: ("M", "N"), MASKED: ("G", "M", "N")}
 
 # ----------------------------------------------------------------- lowering
 
-def lower(ctx, prim, op, *args, out_dtype, backend):
-  """Lowering rule of a grouped primitive under a multi-device sharding context."""
+def lower(ctx, prim, op, *args, out_dtype, backend, **hints):
+  """Lowering rule of a grouped primitive under a multi-device sharding context
+  (hints: the primitive's other parameters, e.g. the masked op's expected_m)."""
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
   fn = _partitioned(prim, op, m=a_aval.shape[-2], n=b_aval.shape[1], k=b_aval.shape[2],
-                    out_dtype=np.dtype(out_dtype), backend=backend)
+                    out_dtype=np.dtype(out_dtype), backend=backend,
+                    hints=tuple(sorted(hints.items())))
   return lower_locally(ctx, fn, *args)
 
 
 @functools.cache
-def _partitioned(prim, op, *, m, n, k, out_dtype, backend):
+def _partitioned(prim, op, *, m, n, k, out_dtype, backend, hints=()):
   """The primitive wrapped in custom_partitioning for one static configuration."""
-  params = dict(out_dtype=out_dtype, backend=backend)
+  params = dict(out_dtype=out_dtype, backend=backend, **dict(hints))
 
   @custom_partitioning
   def grouped_dot(*xs):
@@ -243,8 +245,7 @@ class _Plan:
           a, a_scale = jnp.roll(a, -shift, axis=0), jnp.roll(a_scale, -shift, axis=0)
       elif m_axes:
         sizes = jnp.clip(sizes - row0, 0, m_local)
-      out = prim.bind(a, a_scale, b, b_scale, sizes, out_dtype=local_dtype,
-                      backend=params["backend"])
+      out = prim.bind(a, a_scale, b, b_scale, sizes, **{**params, "out_dtype": local_dtype})
       if shift is not None:
         out = jnp.roll(out, shift, axis=0)
       if not reduced:

@@ -182,11 +182,14 @@ def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype=jnp.bfloat16) -
   return out.astype(out_dtype)
 
 
-def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.bfloat16) -> jax.Array:
+def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.bfloat16,
+               expected_m: int | None = None) -> jax.Array:
   """a [G, M, K], b [G, N, K], masked_m [G] -> [G, M, N]; see jax_fp8.blockwise_fp8_masked_dot.
 
   masked_m is clamped to [0, M]; rows >= masked_m[g] of group g are 0.
+  expected_m (a kernels' tiling hint) changes nothing here.
   """
+  del expected_m
   g, m, k = a.shape
   n = b.shape[1]
   starts = lax.iota(jnp.int32, g) * m

@@ -22,7 +22,9 @@ the order of their estimates. One model for every candidate:
   K splits and pairs of CTAs sharing A have their own measured terms below.
 - masked groups (M: their capacity; the rows that exist are known on the
   device only): the mean of the estimate over fills of half the capacity to
-  all of it.
+  all of it, or, told the rows a group is expected to hold (expected_m, the
+  hint DeepGEMM's masked GEMM takes too), over fills of 0.7x to 1.3x that, and
+  the tiles of a GEMM of that capacity (`masked_capacity`).
 
 Forms without a measurement behind them (tiles autotuning also tries, pairs
 sharing B, deeper rings, K splits or pairs outside the measured range) are left
@@ -126,12 +128,44 @@ DEEPER_RING_TILES = ((128, 192, "m", 2),)
 MASKED_DRAWS = 33
 
 
+# Told a group's expected rows e (expected_m), the fills spread evenly over
+# [0.7 e, 1.3 e] (as DeepGEMM's masked tests draw them around its hint), capped
+# at the capacity.
+EXPECTED_SPREAD = (0.7, 1.3)
+
+
 def masked_fills(groups: int) -> list[list[float]]:
-  """[draw][group] fractions of the capacity in [0.5, 1]: draw i of group 0 at
-  the i-th point of an even grid, the other groups' offset along it by the
-  golden ratio (a low-discrepancy set: no two groups fill alike)."""
-  return [[0.5 + 0.5 * (((i + 0.5) / MASKED_DRAWS + g * 0.6180339887) % 1.0)
-           for g in range(groups)] for i in range(MASKED_DRAWS)]
+  """[draw][group] points in [0, 1): draw i of group 0 at the i-th point of an
+  even grid, the other groups' offset along it by the golden ratio (a
+  low-discrepancy set: no two groups fill alike)."""
+  return [[((i + 0.5) / MASKED_DRAWS + g * 0.6180339887) % 1.0 for g in range(groups)]
+          for i in range(MASKED_DRAWS)]
+
+
+def masked_rows(m: int, groups: int, expected_m: int | None = None) -> list[list[int]]:
+  """[draw][group] rows of the fills a masked estimate averages over: spread
+  over [m / 2, m] (m: the capacity), or over EXPECTED_SPREAD times expected_m
+  and at most m."""
+  lo, hi = ((0.5 * m, m) if expected_m is None
+            else (EXPECTED_SPREAD[0] * expected_m, EXPECTED_SPREAD[1] * expected_m))
+  return [[min(m, math.ceil(lo + (hi - lo) * u)) for u in draw] for draw in masked_fills(groups)]
+
+
+def masked_capacity(m: int, expected_m: int | None = None) -> int:
+  """The capacity whose tilings a masked GEMM of capacity m chooses from: m, or
+  the most rows its expected fills hold (a capacity far past them, e.g. every
+  token of a batch, takes the tiles of the rows it will hold: 8 groups of ~256
+  rows in 2048 at 4096x7168 1.40x faster, 2 of ~512 in 768 1.04x; H100,
+  2026-11-27). Expected fills of decode rows (at most DECODE_MAX_M) keep m's
+  tiles: the decode tiles there ran 1.06-1.08x faster at 7168x2048 but 1.7x
+  slower at 4096x7168 (8 groups of ~64 rows in 2048), and 1.3-1.45x slower in
+  64-row tiles at a capacity of 128."""
+  if expected_m is None:
+    return m
+  rows = math.ceil(EXPECTED_SPREAD[1] * expected_m)
+  return m if rows <= DECODE_MAX_M else min(m, rows)
+
+
 # Tiles whose warpgroups' columns form one wide WGMMA chunk (HopperConfig.wide_chunks).
 WIDE_TILES = ((128, 192, "m", 2), (128, 160, "m", 2))
 # Per-row b scales (a column factor per chunk column next to the row factors)
@@ -408,18 +442,20 @@ def _large_m_unit_us(cfg, m, k, chained, table) -> float:
 
 def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
                       b_scale_rows: int = SCALE_N, row_masks: bool = False,
-                      masked: bool = False, num_sms: int | None = None) -> float:
+                      masked: bool = False, num_sms: int | None = None,
+                      expected_m: int | None = None) -> float:
   """The model's time of cfg at this shape (inf where `unmodelled`; the
-  arguments as there). Masked groups at large M: the mean over masked_fills of
-  the estimate at that many rows (a tile wholly past masked_m runs no K pass)."""
+  arguments as there). Masked groups at large M: the mean over masked_rows
+  (expected_m: the rows a group is expected to hold) of the estimate at that
+  many rows (a tile wholly past masked_m runs no K pass)."""
   num_sms = cfg.num_sms or num_sms or hopper.num_sms()
   if unmodelled(cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks,
                 masked=masked, num_sms=num_sms):
     return math.inf
   if masked and m > DECODE_MAX_M:
     table = large_m_tiles(k, masked=True)
-    times = [_masked_time_us(cfg, [max(DECODE_MAX_M + 1, math.ceil(f * m)) for f in fills],
-                             n, k, num_sms, table) for fills in masked_fills(groups)]
+    times = [_masked_time_us(cfg, [max(DECODE_MAX_M + 1, r) for r in rows], n, k, num_sms,
+                             table) for rows in masked_rows(m, groups, expected_m)]
     return round(sum(times) / len(times), 4)
   table = DECODE_TILES if m <= DECODE_MAX_M else large_m_tiles(
       k, b_scale_rows=b_scale_rows, row_masks=row_masks)

@@ -159,32 +159,39 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
 
 def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16, c_dtype=None,
                       b_scale_rows: int = SCALE_N, groups: int = 1, grouped: bool = False,
-                      row_masks: bool = False) -> list[HopperConfig]:
+                      row_masks: bool = False,
+                      expected_m: int | None = None) -> list[HopperConfig]:
   """The configs a shape may take (what autotuning times), completed, in the
   order of the cost model's estimates: the first is the default. groups: GEMMs
   of this shape side by side (masked); grouped: a grouped scheduler (masked or
-  ragged); row_masks: ragged groups; b_scale_rows=1: per-row b scales."""
+  ragged); row_masks: ragged groups; b_scale_rows=1: per-row b scales;
+  expected_m: the rows a masked group is expected to hold (a hint: the tiles
+  are those of the fills around it, hopper_cost.masked_capacity)."""
+  if not _is_masked(grouped, row_masks):
+    expected_m = None
   return list(_ranked(m, n, k, np.dtype(out_dtype), None if c_dtype is None else np.dtype(c_dtype),
-                      b_scale_rows, groups, grouped, row_masks, hopper.num_sms()))
+                      b_scale_rows, groups, grouped, row_masks, hopper.num_sms(), expected_m))
 
 
 def default_config(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16,
                    c_dtype=None, b_scale_rows: int = SCALE_N, groups: int = 1,
-                   grouped: bool = False, row_masks: bool = False) -> HopperConfig:
+                   grouped: bool = False, row_masks: bool = False,
+                   expected_m: int | None = None) -> HopperConfig:
   """The candidate the cost model (pallas/hopper_cost.py) estimates fastest."""
-  cands = candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype,
-                            b_scale_rows=b_scale_rows, groups=groups, grouped=grouped,
-                            row_masks=row_masks)
-  return min(cands, key=_estimate(m, n, k, groups, b_scale_rows, row_masks,
-                                  _is_masked(grouped, row_masks), hopper.num_sms()))
+  return candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype,
+                           b_scale_rows=b_scale_rows, groups=groups, grouped=grouped,
+                           row_masks=row_masks, expected_m=expected_m)[0]
 
 
 @functools.lru_cache(maxsize=4096)
 def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_masks,
-            num_sms) -> tuple[HopperConfig, ...]:
-  """candidate_configs for one device (its SM count), computed once."""
+            num_sms, expected_m=None) -> tuple[HopperConfig, ...]:
+  """candidate_configs for one device (its SM count), computed once; a masked
+  GEMM expected to hold expected_m rows per group ranks the tilings of its
+  expected fills' capacity."""
   out, seen = [], set()
   masked = _is_masked(grouped, row_masks)
+  m = hopper_cost.masked_capacity(m, expected_m)
   for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
                                                           row_masks=row_masks, masked=masked):
     wide = (tm, tn, split, consumers) in hopper_cost.WIDE_TILES
@@ -213,7 +220,7 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
       seen.add(cfg)
       out.append(cfg)
   return tuple(sorted(out, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, masked,
-                                         num_sms)))
+                                         num_sms, expected_m)))
 
 
 def _is_masked(grouped: bool, row_masks: bool) -> bool:
@@ -221,10 +228,10 @@ def _is_masked(grouped: bool, row_masks: bool) -> bool:
   return grouped and not row_masks
 
 
-def _estimate(m, n, k, groups, b_scale_rows, row_masks, masked, num_sms):
+def _estimate(m, n, k, groups, b_scale_rows, row_masks, masked, num_sms, expected_m=None):
   return lambda cfg: hopper_cost.estimated_time_us(
       cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks, masked=masked,
-      num_sms=num_sms)
+      num_sms=num_sms, expected_m=expected_m)
 
 
 def _tune_key(m, n, k, out_dtype, c_dtype) -> str:

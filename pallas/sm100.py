@@ -62,8 +62,10 @@ def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
 
 
 def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
-               config: BlackwellConfig | None = None):
-  """G masked GEMMs a [G, M, K] times b [G, N, K] (see blackwell.masked_dot)."""
+               config: BlackwellConfig | None = None, expected_m: int | None = None):
+  """G masked GEMMs a [G, M, K] times b [G, N, K] (see blackwell.masked_dot);
+  expected_m (a Hopper tiling hint) is not used: the Blackwell tiling takes none."""
+  del expected_m
   cfg = config or default_config(a.shape[1], b.shape[1], a.shape[2], out_dtype=out_dtype)
   return blackwell.masked_dot(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype,
                               config=cfg)

@@ -34,11 +34,12 @@ def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
 
 
 def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
-               config: hopper.HopperConfig | None = None):
-  """G masked GEMMs a [G, M, K] times b [G, N, K] (see hopper.masked_dot)."""
+               config: hopper.HopperConfig | None = None, expected_m: int | None = None):
+  """G masked GEMMs a [G, M, K] times b [G, N, K] (see hopper.masked_dot);
+  expected_m: the rows a group is expected to hold (the default config's hint)."""
   g, m, k = a.shape
   cfg = config or hopper_tiling.default_config(m, b.shape[1], k, out_dtype=out_dtype,
-                                               groups=g, grouped=True)
+                                               groups=g, grouped=True, expected_m=expected_m)
   return hopper.masked_dot(a, a_scale, b, b_scale, masked_m, out_dtype=out_dtype, config=cfg)
 
 

@@ -299,6 +299,22 @@ def test_vmap_ragged_maps_over_the_batch():
                          F32)
 
 
+def test_expected_m_is_a_hint_that_changes_no_result():
+  """The masked op's expected_m reaches the primitive (a static parameter),
+  survives jit, vmap and export, and changes no result."""
+  ops = testing.random_masked_operands(70, 60, 140, 300, [0, 60, 33])
+  plain = masked_dot(*ops.args(), out_dtype=F32)
+  hinted = jax.jit(lambda *x: masked_dot(*x, out_dtype=F32, expected_m=30))
+  assert "expected_m=30" in str(jax.make_jaxpr(hinted)(*ops.args()))
+  np.testing.assert_array_equal(np.asarray(hinted(*ops.args())), np.asarray(plain))
+  batched = jax.vmap(lambda *x: masked_dot(*x, out_dtype=F32, expected_m=30))(
+      *(x[None] for x in ops.args()))
+  np.testing.assert_array_equal(np.asarray(batched[0]), np.asarray(plain))
+  exp = jax.export.export(hinted, platforms=["cpu"])(*ops.args())
+  out = jax.export.deserialize(exp.serialize()).call(*ops.args())
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(plain))
+
+
 @pytest.mark.parametrize("op", ["ragged", "masked"])
 def test_export_round_trip(op):
   if op == "ragged":
@@ -387,6 +403,11 @@ BAD_INPUTS = [  # (op, overrides, exception, message)
     ("masked", dict(sizes=jnp.ones((), jnp.int32)), ValueError,
      "masked_m must be 1-D of length G = 2"),
     ("masked", dict(out_dtype="int8"), TypeError, "out_dtype must be bfloat16 or float32"),
+    ("masked", dict(expected_m=0), ValueError, "expected_m must be in [1, M] = [1, 8]"),
+    ("masked", dict(expected_m=9), ValueError, "expected_m must be in [1, M] = [1, 8]"),
+    ("masked", dict(expected_m=4.0), TypeError, "expected_m must be None or a Python int"),
+    ("masked", dict(expected_m=True), TypeError, "expected_m must be None or a Python int"),
+    ("masked", dict(expected_m=jnp.int32(4)), TypeError, "got ArrayImpl"),
 ]
 
 

@@ -146,6 +146,25 @@ def test_lowers_for_cuda(op, g, m, n, k):
   assert "mosaic_gpu" in lowered.as_text()
 
 
+def test_expected_m_reaches_the_hopper_tiling(monkeypatch):
+  """The masked op's expected_m is the Hopper kernel's tiling hint (lowered for
+  CUDA, no GPU): the default config is asked with it."""
+  if _missing("pallas_sm90", "masked"):
+    pytest.skip(f"{KERNEL_MODULES['pallas_sm90'].__name__} has no masked_dot kernel yet")
+  from jax_fp8.pallas import hopper_tiling
+  asked, default_config = [], hopper_tiling.default_config
+
+  def spy(*args, **kwargs):
+    asked.append(kwargs.get("expected_m"))
+    return default_config(*args, **kwargs)
+  monkeypatch.setattr(hopper_tiling, "default_config", spy)
+  fn = lambda *x: jax_fp8.blockwise_fp8_masked_dot(*x, backend="pallas_sm90",  # noqa: E731
+                                                   expected_m=256)
+  lowered = jax.jit(fn).trace(*_avals("masked", 8, 2048, 4096, 7168)).lower(
+      lowering_platforms=("cuda",))
+  assert asked == [256] and "mosaic_gpu" in lowered.as_text()
+
+
 # ---- GPU: the benchmark shapes ---------------------------------------------------------------
 
 # FP8 tensor cores add a 128-deep block with about 14 significant bits: float32
@@ -265,16 +284,21 @@ MASKED_BENCHMARK = [
 ]
 
 
-def _gpu_masked(backend, groups, rows, n, k, out_dtype, operands=_gpu_operands):
+def _gpu_masked(backend, groups, rows, n, k, out_dtype, operands=_gpu_operands, m=None,
+                expected_m=None):
   rng = np.random.default_rng(groups * rows)
-  m = 2 * rows                                             # the layout's capacity
+  m = m or 2 * rows                                        # the layout's capacity
   masked_m = rng.integers(int(0.7 * rows), int(1.3 * rows) + 1, size=groups).astype(np.int32)
   if groups > 2:
     masked_m[:3] = (0, m, 1)                               # empty, full, one row
   a, sa, b, sb = operands(groups + n, (groups,), m, n, k, groups)
   for g, rows_g in enumerate(masked_m):
     a = a.at[g, rows_g:].set(jnp.nan)                      # never read
-  out = jax.jit(_call("masked", backend, out_dtype))(a, sa, b, sb, jnp.asarray(masked_m))
+  call = _call("masked", backend, out_dtype)
+  if expected_m is not None:
+    call = lambda *x: jax_fp8.blockwise_fp8_masked_dot(  # noqa: E731
+        *x, out_dtype=out_dtype, backend=backend, expected_m=expected_m)
+  out = jax.jit(call)(a, sa, b, sb, jnp.asarray(masked_m))
   assert out.shape == (groups, m, n) and np.dtype(out.dtype) == out_dtype
   with jax.enable_x64(True):
     refs = [((g, slice(0, int(r))), _f64_rows(a[g, :r], sa[g, :r], b[g], sb[g]))
@@ -287,6 +311,21 @@ def _gpu_masked(backend, groups, rows, n, k, out_dtype, operands=_gpu_operands):
 @pytest.mark.parametrize("out_dtype", (BF16, F32))
 def test_gpu_masked_benchmark_shapes(backend, groups, rows, n, k, out_dtype):
   _gpu_masked(backend, groups, rows, n, k, out_dtype)
+
+
+# (groups, expected rows, capacity, N, K) told to the masked op (expected_m): the
+# Hopper tiling changes but at the decode rows of the last (tests/test_tiling.py);
+# groups past 2 also hold 0, capacity and 1 rows, far from what was expected.
+MASKED_HINTED = [
+    (2, 512, 768, 4096, 7168), (8, 256, 2048, 4096, 7168), (4, 256, 2048, 7168, 2048),
+    (8, 64, 2048, 4096, 7168),
+]
+
+
+@pytest.mark.parametrize("backend", _params("masked", gpu=True))
+@pytest.mark.parametrize("groups,rows,m,n,k", MASKED_HINTED)
+def test_gpu_masked_expected_m(backend, groups, rows, m, n, k):
+  _gpu_masked(backend, groups, rows, n, k, BF16, m=m, expected_m=rows)
 
 
 def test_gpu_checks_run_on_the_reference_backend():

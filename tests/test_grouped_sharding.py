@@ -235,3 +235,18 @@ def test_export_of_a_sharded_call_has_no_partitioning_callback(op):
   restored = jax.export.deserialize(exported.serialize())
   assert restored.nr_devices == 8
   testing.assert_close(restored.call(*args), _reference(op, ops), BF16)
+
+
+def test_masked_expected_m_survives_partitioning():
+  """The masked op's expected_m hint goes through custom_partitioning to every
+  shard, also where it exceeds a shard's rows (M = 256 over 2 devices)."""
+  mesh = _mesh(AxisType.Auto)
+  ops = _operands("masked", 11)
+  shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
+  specs = (P("y", "x"), P("y", "x"), P("y"), P("y"), P("y"))
+  f = jax.jit(lambda *x: jax_fp8.blockwise_fp8_masked_dot(
+      *x, out_dtype=F32, backend="reference", expected_m=200),
+      in_shardings=tuple(map(shard, specs)), out_shardings=shard(P("y", "x")))
+  lowered = f.lower(*ops.args())
+  assert CUSTOM_CALL in lowered.as_text()
+  testing.assert_close(lowered.compile()(*ops.args()), _reference("masked", ops), F32)

@@ -484,7 +484,8 @@ def test_masked_tiles_at_large_m():
 def test_masked_walk_and_fills():
   """Masked candidates walk live-first exactly where the table says, wide ones stage
   no a-scale windows, 128 x 192 takes its deeper ring; the fills the estimate
-  averages over lie in [0.5, 1], group 0's spread evenly, no two groups alike."""
+  averages over: points in [0, 1), group 0's spread evenly, no two groups alike,
+  as rows in [M / 2, M], or told expected_m, in [0.7, 1.3] x it and at most M."""
   for g, m, n, k in ((1, 1408, 4096, 7168), (4, 384, 7168, 2048), (4, 256, 4096, 7168)):
     for c in hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True):
       assert c.live_first == (hopper_cost.tile_key(c) in hopper_cost.MASKED_LIVE_FIRST_TILES)
@@ -501,8 +502,42 @@ def test_masked_walk_and_fills():
                                           row_masks=True).live_first
   fills = hopper_cost.masked_fills(3)
   assert len(fills) == hopper_cost.MASKED_DRAWS and all(len(f) == 3 for f in fills)
-  assert all(0.5 <= x <= 1.0 for f in fills for x in f)
+  assert all(0.0 <= x < 1.0 for f in fills for x in f)
   first = sorted(f[0] for f in fills)
-  assert np.allclose(np.diff(first), 0.5 / hopper_cost.MASKED_DRAWS)
+  assert np.allclose(np.diff(first), 1.0 / hopper_cost.MASKED_DRAWS)
   assert len({tuple(round(x, 6) for x in f) for f in fills}) == len(fills)
   assert all(len({round(x, 6) for x in f}) == 3 for f in fills)
+  rows = np.asarray(hopper_cost.masked_rows(768, 3))
+  assert rows.shape == (hopper_cost.MASKED_DRAWS, 3) and rows.min() >= 384 and rows.max() <= 768
+  rows = np.asarray(hopper_cost.masked_rows(768, 3, expected_m=500))
+  assert rows.min() >= 350 and rows.max() == 650
+  assert np.asarray(hopper_cost.masked_rows(768, 3, expected_m=700)).max() == 768  # capped
+
+
+# (groups, capacity, expected_m, N, K) -> (the pick without the hint, with it): the
+# hint takes the tiles of the expected fills' capacity, but at decode fills.
+MASKED_HINTED_PICKS = [
+    ((2, 768, 512, 4096, 7168), ((192, 128), (128, 160))),
+    ((8, 2048, 256, 4096, 7168), ((192, 128), (128, 160))),
+    ((4, 2048, 256, 7168, 2048), ((192, 128), (128, 192))),
+    ((1, 1408, 1024, 4096, 7168), ((192, 128), (192, 128))),
+    ((8, 2048, 64, 4096, 7168), ((192, 128), (192, 128))),     # decode fills: m's tiles
+    ((32, 128, 64, 4096, 7168), ((128, 256), (128, 256))),
+]
+
+
+@pytest.mark.parametrize("case,picks", MASKED_HINTED_PICKS)
+def test_masked_expected_m_picks(case, picks):
+  g, m, expected, n, k = case
+  plain = hopper_tiling.default_config(m, n, k, groups=g, grouped=True)
+  hinted = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, expected_m=expected)
+  assert ((plain.tile_m, plain.tile_n), (hinted.tile_m, hinted.tile_n)) == picks
+  assert hinted == hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True,
+                                                   expected_m=expected)[0]
+  capacity = hopper_cost.masked_capacity(m, expected)
+  assert capacity == (m if 1.3 * expected <= hopper_cost.DECODE_MAX_M
+                      else min(m, int(np.ceil(1.3 * expected))))
+  # Dense and ragged GEMMs take no hint.
+  assert hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True,
+                                      expected_m=expected) == hopper_tiling.default_config(
+                                          m, n, k, groups=g, grouped=True, row_masks=True)

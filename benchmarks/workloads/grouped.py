@@ -8,7 +8,9 @@ Cases (issue 20): DeepSeek-V3's expert GEMMs, N x K = 4096 x 7168 (gate/up) and
 32768, with group sizes drawn at random either as multiples of 128 ("aligned") or
 not ("unaligned"). Masked: 1 x ~1024, 2 x ~512, 4 x ~256 and the decode layout
 32 x ~64 rows, each group's count drawn at random in [0.7, 1.3] x the nominal
-rows, in a buffer of capacity M (a multiple of 128 above 1.3 x nominal).
+rows, in a buffer of capacity M (a multiple of 128 above 1.3 x nominal). The
+masked op and DeepGEMM are both told the nominal rows (expected_m; DeepGEMM 1.2x
+it, as its own tests do).
 
 TFLOP/s counts the real rows only (2 * rows * N * K, rows = sum of the group
 sizes or of masked_m); GB/s counts the bytes the FP8 problem must move (real rows
@@ -204,8 +206,10 @@ def _jax_fp8(name, case, opts, env) -> Contender:
                                     out_dtype=BF16, has_c=False, groups=g.groups)
     except Exception:  # noqa: BLE001 (the call itself reports what fails)
       resolved = None
+  # The masked op is told the nominal rows per group, as DeepGEMM is (its expected_m).
+  hint = {"expected_m": g.nominal} if g.layout == "masked" else {}
   fn = lambda a, sa, b, sb, counts: fn_api(  # noqa: E731
-      a, sa, b, sb, counts, out_dtype=jnp.bfloat16, backend=backend)
+      a, sa, b, sb, counts, out_dtype=jnp.bfloat16, backend=backend, **hint)
   prepare = lambda s: (s.a, s.a_scale, s.b, s.b_scale, _counts(s))  # noqa: E731
   bound = GPU_BF16_BOUND if env.on_gpu else testing.TOLERANCE[BF16]
   # The reference's float32 dots: cuBLAS, without XLA's slow Triton autotuning (dense.py).
