@@ -188,10 +188,11 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
             num_sms, expected_m=None) -> tuple[HopperConfig, ...]:
   """candidate_configs for one device (its SM count), computed once; a masked
   GEMM expected to hold expected_m rows per group ranks the tilings of its
-  expected fills' capacity."""
+  expected fills' capacity, walked live-first where they fill little of it."""
   out, seen = [], set()
   masked = _is_masked(grouped, row_masks)
-  m = hopper_cost.masked_capacity(m, expected_m)
+  sparse = hopper_cost.sparse_fill(m, expected_m, groups)
+  m = hopper_cost.masked_capacity(m, expected_m, groups)
   for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
                                                           row_masks=row_masks, masked=masked):
     wide = (tm, tn, split, consumers) in hopper_cost.WIDE_TILES
@@ -202,8 +203,9 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
                            (tm, tn), tma, grouped=grouped, b_scale_rows=b_scale_rows),
                        a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW if wide and not tma
                                        and not masked else 0),
-                       live_first=masked and (tm, tn, split, consumers)
-                       in hopper_cost.MASKED_LIVE_FIRST_TILES, **fields)
+                       live_first=masked and (sparse or (tm, tn, split, consumers)
+                                              in hopper_cost.MASKED_LIVE_FIRST_TILES),
+                       **fields)
     if grouped and not _grouped_allows(cfg):
       continue
     if cfg.live_first and groups > hopper_cost.MASKED_LIVE_FIRST_MAX_GROUPS:

@@ -318,7 +318,11 @@ def test_grouped_contenders_call_the_agreed_api(monkeypatch):
               for g in range(w.shape[0]))
     return out.astype(out_dtype)
 
-  def masked(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.bfloat16, backend="auto"):
+  hints = []
+
+  def masked(a, a_scale, b, b_scale, masked_m, *, out_dtype=jnp.bfloat16, backend="auto",
+             expected_m=None):
+    hints.append(expected_m)
     x, w = _dequantised(a, a_scale, b, b_scale)
     rows = jnp.arange(x.shape[1])[None, :, None]
     out = jnp.einsum("gmk,gnk->gmn", x, w)
@@ -332,6 +336,7 @@ def test_grouped_contenders_call_the_agreed_api(monkeypatch):
   for (case, name), row in rows.items():
     _ok(row, bound=4e-3)
   assert {name for _, name in rows} == {"reference", "auto", "dense_per_group"}
+  assert hints and set(hints) == {20}  # told the nominal rows, as DeepGEMM is
 
 
 def test_training_contenders_call_the_agreed_api(monkeypatch):

@@ -313,12 +313,13 @@ def test_gpu_masked_benchmark_shapes(backend, groups, rows, n, k, out_dtype):
   _gpu_masked(backend, groups, rows, n, k, out_dtype)
 
 
-# (groups, expected rows, capacity, N, K) told to the masked op (expected_m): the
-# Hopper tiling changes but at the decode rows of the last (tests/test_tiling.py);
-# groups past 2 also hold 0, capacity and 1 rows, far from what was expected.
+# (groups, expected rows, capacity, N, K) told to the masked op (expected_m), which
+# changes each one's Hopper tiling (tests/test_tiling.py): the last two take the
+# decode tiles, the last three walk live-first; groups past 2 also hold 0, capacity
+# and 1 rows, far from what was expected.
 MASKED_HINTED = [
     (2, 512, 768, 4096, 7168), (8, 256, 2048, 4096, 7168), (4, 256, 2048, 7168, 2048),
-    (8, 64, 2048, 4096, 7168),
+    (8, 64, 2048, 4096, 7168), (16, 32, 2048, 7168, 2048),
 ]
 
 

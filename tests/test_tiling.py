@@ -514,15 +514,20 @@ def test_masked_walk_and_fills():
   assert np.asarray(hopper_cost.masked_rows(768, 3, expected_m=700)).max() == 768  # capped
 
 
-# (groups, capacity, expected_m, N, K) -> (the pick without the hint, with it): the
-# hint takes the tiles of the expected fills' capacity, but at decode fills.
+# (groups, capacity, expected_m, N, K) -> (the pick without the hint, with it,
+# whether that walks live-first): the tiles of the expected fills' capacity (decode
+# fills: of 128 rows, up to 16 groups), live-first at fills of at most a quarter of M.
 MASKED_HINTED_PICKS = [
-    ((2, 768, 512, 4096, 7168), ((192, 128), (128, 160))),
-    ((8, 2048, 256, 4096, 7168), ((192, 128), (128, 160))),
-    ((4, 2048, 256, 7168, 2048), ((192, 128), (128, 192))),
-    ((1, 1408, 1024, 4096, 7168), ((192, 128), (192, 128))),
-    ((8, 2048, 64, 4096, 7168), ((192, 128), (192, 128))),     # decode fills: m's tiles
-    ((32, 128, 64, 4096, 7168), ((128, 256), (128, 256))),
+    ((2, 768, 512, 4096, 7168), ((192, 128), (128, 160), True)),
+    ((8, 2048, 256, 4096, 7168), ((192, 128), (128, 160), True)),
+    ((4, 2048, 256, 7168, 2048), ((192, 128), (128, 192), True)),
+    ((1, 1408, 1024, 4096, 7168), ((192, 128), (192, 128), False)),
+    ((2, 4096, 1024, 4096, 7168), ((192, 128), (192, 128), False)),   # fills past M / 4
+    ((4, 4096, 100, 4096, 7168), ((192, 128), (192, 128), True)),     # 130 rows: large M
+    ((8, 2048, 64, 4096, 7168), ((192, 128), (128, 256), True)),      # decode fills
+    ((16, 2048, 32, 7168, 2048), ((192, 128), (128, 256), True)),
+    ((32, 4096, 32, 7168, 2048), ((192, 128), (192, 128), False)),    # 32 groups: no walk
+    ((32, 128, 64, 4096, 7168), ((128, 256), (128, 256), False)),     # decode capacity
 ]
 
 
@@ -531,12 +536,15 @@ def test_masked_expected_m_picks(case, picks):
   g, m, expected, n, k = case
   plain = hopper_tiling.default_config(m, n, k, groups=g, grouped=True)
   hinted = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, expected_m=expected)
-  assert ((plain.tile_m, plain.tile_n), (hinted.tile_m, hinted.tile_n)) == picks
+  assert ((plain.tile_m, plain.tile_n), (hinted.tile_m, hinted.tile_n),
+          hinted.live_first) == picks
   assert hinted == hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True,
                                                    expected_m=expected)[0]
-  capacity = hopper_cost.masked_capacity(m, expected)
-  assert capacity == (m if 1.3 * expected <= hopper_cost.DECODE_MAX_M
-                      else min(m, int(np.ceil(1.3 * expected))))
+  rows = int(np.ceil(1.3 * expected))
+  decode_rows = min(m, hopper_cost.DECODE_MAX_M) if g <= 16 else m
+  assert hopper_cost.masked_capacity(m, expected, g) == (
+      decode_rows if rows <= hopper_cost.DECODE_MAX_M else min(m, rows))
+  assert hopper_cost.sparse_fill(m, expected, g) == (g <= 16 and rows <= m / 4)
   # Dense and ragged GEMMs take no hint.
   assert hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True,
                                       expected_m=expected) == hopper_tiling.default_config(
