@@ -201,6 +201,10 @@ def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):
     (dataclasses.replace(H_SMALL, live_first=True, num_sms=4, cluster_n=2), 130, [65, 0, 130],
      BF16, 200),
     (dataclasses.replace(H_SMALL, live_first=True), 100, [0, 0], F32, 96),  # no live tile
+    # a decode tiling (side-by-side warpgroups, scales not multiplied first) live-first
+    # in a capacity its fills leave mostly empty, as the expected_m hint picks it
+    (dataclasses.replace(H_SPLIT_N, live_first=True, scale_product=False, num_sms=3), 400,
+     [40, 0, 70], BF16, 256),
 ])
 def test_masked_live_first(cfg, m, masked_m, out_dtype, n):
   """The live-first walk (HopperConfig.live_first) computes every live tile once
