@@ -85,7 +85,8 @@ OUT_FACTORS = {RAGGED: ("M", "N"), MASKED: ("G", "M", "N")}
 
 def lower(ctx, prim, op, *args, out_dtype, backend, **hints):
   """Lowering rule of a grouped primitive under a multi-device sharding context
-  (hints: the primitive's other parameters, e.g. the masked op's expected_m)."""
+  (hints: the primitive's other parameters, e.g. the masked op's expected_m,
+  which every shard gets as it is: a tiling hint, capped at a shard's rows)."""
   a_aval, b_aval = ctx.avals_in[0], ctx.avals_in[2]
   fn = _partitioned(prim, op, m=a_aval.shape[-2], n=b_aval.shape[1], k=b_aval.shape[2],
                     out_dtype=np.dtype(out_dtype), backend=backend,
