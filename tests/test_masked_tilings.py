@@ -26,6 +26,9 @@ def test_fills_span_half_to_all_of_the_capacity():
   assert len(fills) == 50 and all(f.shape == (8,) and f.dtype == np.int32 for f in fills)
   assert rows.min() >= 192 and rows.max() <= 384 and rows.max() - rows.min() > 150
   assert all((a == b).all() for a, b in zip(fills, masked_tilings.draws(8, 384, 50)))
+  rows = np.concatenate(masked_tilings.draws(8, 2048, 50, expected_m=100))
+  assert rows.min() >= 70 and rows.max() <= 130 and rows.max() - rows.min() > 40
+  assert np.concatenate(masked_tilings.draws(8, 384, 50, expected_m=350)).max() == 384
 
 
 def test_runs_in_interpret_mode(tmp_path):
@@ -36,3 +39,8 @@ def test_runs_in_interpret_mode(tmp_path):
   rows = json.loads(out.read_text())
   assert [r["config"] for r in rows] == ["default", "stages=3"]   # tile_n=100: refused
   assert all(len(r["us"]) == 1 and r["us"][0] > 0 for r in rows)
+  with testing.gpu_interpret_mode():   # told the expected rows: fills around them
+    masked_tilings.main(["--cases=2x64x128x256", "--draws=1", "--iters=1", "--expected_m=20",
+                         f"--json_out={out}"])
+  rows = json.loads(out.read_text())
+  assert len(rows) == 1 and all(14 <= r <= 26 for r in rows[0]["masked_m"][0])

@@ -7,7 +7,9 @@ mean time over fills, not at one draw. On the GPU machine.
         tile_m=128,tile_n=192,consumers=2,wide_chunks=True,a_scale_window=4"
 
 A case is GxCAPACITYxNxK. Each draw gives every group masked_m uniform in
-[capacity / 2, capacity] (seeded). A variant is a comma list of HopperConfig fields
+[capacity / 2, capacity] (seeded), or with --expected_m=E uniform in [0.7 E,
+1.3 E] and at most the capacity, the default then the rules' pick for that hint
+(blockwise_fp8_masked_dot's expected_m). A variant is a comma list of HopperConfig fields
 replaced in the case's default (pallas/hopper_tiling.default_config), variants
 separated by ';' (tools/compare_configs.py's syntax); the default is always timed.
 One compilation per config: masked_m is a device array, so the draws only change
@@ -34,11 +36,16 @@ def parse_case(text: str) -> tuple[int, int, int, int]:
   return g, cap, n, k
 
 
-def draws(groups: int, capacity: int, count: int, seed: int = 0) -> list[np.ndarray]:
-  """`count` masked_m vectors, each group's rows uniform in [capacity / 2, capacity]."""
+def draws(groups: int, capacity: int, count: int, seed: int = 0,
+          expected_m: int | None = None) -> list[np.ndarray]:
+  """`count` masked_m vectors, each group's rows uniform in [capacity / 2, capacity],
+  or in [0.7, 1.3] x expected_m and at most the capacity."""
   rng = np.random.default_rng([seed, groups, capacity])
-  return [np.floor(capacity * rng.uniform(0.5, 1.0, groups)).astype(np.int32)
-          for _ in range(count)]
+  if expected_m is None:
+    return [np.floor(capacity * rng.uniform(0.5, 1.0, groups)).astype(np.int32)
+            for _ in range(count)]
+  return [np.minimum(capacity, np.floor(expected_m * rng.uniform(0.7, 1.3, groups)))
+          .astype(np.int32) for _ in range(count)]
 
 
 def main(argv=None) -> int:
@@ -48,6 +55,8 @@ def main(argv=None) -> int:
   p.add_argument("--draws", type=int, default=6)
   p.add_argument("--iters", type=int, default=15)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--expected_m", type=int, default=None,
+                 help="the rows a group is expected to hold (the fills and the default's hint)")
   p.add_argument("--json_out", default=None)
   args = p.parse_args(argv)
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -66,8 +75,9 @@ def main(argv=None) -> int:
         jnp.float8_e4m3fn)
     scales = lambda *s: jnp.asarray(np.exp2(rng.uniform(-12, -4, size=s)).astype(np.float32))
     operands = (fp8(g, cap, k), scales(g, cap, kb), fp8(g, n, k), scales(g, nb, kb))
-    fills = draws(g, cap, args.draws, args.seed)
-    base = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True)
+    fills = draws(g, cap, args.draws, args.seed, args.expected_m)
+    base = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True,
+                                        expected_m=args.expected_m)
     configs = variant_configs(base, variants, case)
     print(f"{case}: masked_m draws {[f.tolist() for f in fills]}; default {base}", flush=True)
     for name, cfg in configs.items():
