@@ -177,9 +177,10 @@ def sparse_fill(m: int, expected_m: int | None, groups: int) -> bool:
   MASKED_LIVE_FIRST_MAX_GROUPS groups), as the plain walk deals them unevenly
   (192 x 128 tiles 1.21-1.64x faster live-first with 2-10% of the capacity
   filled; at fills of half the capacity and more their plain walk is balanced
-  and 1-4% faster; between, not measured)."""
+  and 1-4% faster; between, not measured). A capacity of at most DECODE_MAX_M
+  rows is one row tile of the decode tiles: no walk to mend."""
   return (expected_m is not None and groups <= MASKED_LIVE_FIRST_MAX_GROUPS
-          and EXPECTED_SPREAD[1] * expected_m <= m / 4)
+          and m > DECODE_MAX_M and EXPECTED_SPREAD[1] * expected_m <= m / 4)
 
 
 # Tiles whose warpgroups' columns form one wide WGMMA chunk (HopperConfig.wide_chunks).
