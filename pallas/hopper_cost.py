@@ -160,15 +160,16 @@ def masked_capacity(m: int, expected_m: int | None = None, groups: int = 1) -> i
   that capacity, a group's rows in one row tile, walked live-first (`sparse_fill`;
   1.06-1.53x faster than m's tiles walked so, 1.29-1.74x than m's tiles as
   they were: 8 groups of ~64 or ~96 rows in 1024-2048, 16 of ~32 in 2048, 4 of
-  ~100 in 4096). Past MASKED_LIVE_FIRST_MAX_GROUPS groups (no live-first walk)
-  decode fills keep m's tiles: the plain walk of decode tiles ran 1.7x slower
-  at 8 groups of ~64 rows in 2048 (4096x7168)."""
+  ~100 in 4096). Where the walk is not taken (past MASKED_LIVE_FIRST_MAX_GROUPS
+  groups, or fills of over a quarter of m) decode fills keep m's tiles: the
+  plain walk of decode tiles ran 1.7x slower at 8 groups of ~64 rows in 2048
+  (4096x7168)."""
   if expected_m is None:
     return m
   rows = math.ceil(EXPECTED_SPREAD[1] * expected_m)
   if rows > DECODE_MAX_M:
     return min(m, rows)
-  return min(m, DECODE_MAX_M) if groups <= MASKED_LIVE_FIRST_MAX_GROUPS else m
+  return DECODE_MAX_M if sparse_fill(m, expected_m, groups) else m
 
 
 def sparse_fill(m: int, expected_m: int | None, groups: int) -> bool:

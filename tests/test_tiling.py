@@ -529,6 +529,7 @@ MASKED_HINTED_PICKS = [
     ((32, 4096, 32, 7168, 2048), ((192, 128), (192, 128), False)),    # 32 groups: no walk
     ((32, 128, 64, 4096, 7168), ((128, 256), (128, 256), False)),     # decode capacity
     ((8, 128, 20, 4096, 7168), ((128, 256), (128, 256), False)),      # ... one row tile
+    ((8, 256, 64, 4096, 7168), ((192, 128), (192, 128), False)),      # decode fills, not sparse
 ]
 
 
@@ -542,10 +543,11 @@ def test_masked_expected_m_picks(case, picks):
   assert hinted == hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True,
                                                    expected_m=expected)[0]
   rows = int(np.ceil(1.3 * expected))
-  decode_rows = min(m, hopper_cost.DECODE_MAX_M) if g <= 16 else m
+  sparse = g <= 16 and rows <= m / 4 and m > 128
+  assert hopper_cost.sparse_fill(m, expected, g) == sparse
+  decode_rows = hopper_cost.DECODE_MAX_M if sparse else m
   assert hopper_cost.masked_capacity(m, expected, g) == (
       decode_rows if rows <= hopper_cost.DECODE_MAX_M else min(m, rows))
-  assert hopper_cost.sparse_fill(m, expected, g) == (g <= 16 and rows <= m / 4 and m > 128)
   # Dense and ragged GEMMs take no hint.
   assert hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True,
                                       expected_m=expected) == hopper_tiling.default_config(
