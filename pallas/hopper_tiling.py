@@ -19,7 +19,9 @@ dense step top overlapped (hopper_cost.step_top_overlap_pays), the widest
 epilogue store, the producer's registers, the ring fitted into SMEM. Grouped
 schedulers take no K splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
 capacity: the rows that exist are known on the device only, so its estimate
-is the mean over fills of the capacity (hopper_cost.masked_fills).
+is the mean over fills of the capacity (hopper_cost.masked_rows), or, told the
+rows a group is expected to hold (expected_m), over fills around them, among
+the tilings of their capacity (hopper_cost.masked_capacity, sparse_fill).
 
 The measurements behind the model are in benchmarks/RESULTS.md ("Hopper tiling
 rules"); the code keeps the reasons.
