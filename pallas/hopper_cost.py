@@ -156,13 +156,12 @@ def masked_capacity(m: int, expected_m: int | None = None, groups: int = 1) -> i
   the most rows its expected fills hold (a capacity far past them, e.g. every
   token of a batch, takes the tiles of the rows it will hold: 8 groups of ~256
   rows in 2048 at 4096x7168 1.40x faster, 2 of ~512 in 768 1.04x; H100,
-  2026-11-27), at least DECODE_MAX_M: decode fills take the decode tiles of
-  that capacity, a group's rows in one row tile, walked live-first (`sparse_fill`;
-  1.06-1.53x faster than m's tiles walked so, 1.29-1.74x than m's tiles as
-  they were: 8 groups of ~64 or ~96 rows in 1024-2048, 16 of ~32 in 2048, 4 of
-  ~100 in 4096). Where the walk is not taken (past MASKED_LIVE_FIRST_MAX_GROUPS
-  groups, or fills of over a quarter of m) decode fills keep m's tiles: the
-  plain walk of decode tiles ran 1.7x slower at 8 groups of ~64 rows in 2048
+  2026-11-27). Expected decode fills (at most DECODE_MAX_M rows) take the
+  decode tiles of DECODE_MAX_M rows, a group's rows in one row tile, where the
+  live-first walk is taken (`sparse_fill`): 1.06-1.53x faster than m's tiles
+  walked so, 1.28-1.73x than m's tiles as they were (8 groups of ~64 or ~96
+  rows in 1024-2048, 16 of ~32 in 2048). Elsewhere they keep m's tiles: the
+  decode tiles' plain walk ran 1.7x slower at 8 groups of ~64 rows in 2048
   (4096x7168)."""
   if expected_m is None:
     return m
