@@ -59,9 +59,10 @@ def _params(op, *, gpu=False):
   return params
 
 
-def _call(op, backend, out_dtype):
+def _call(op, backend, out_dtype, **hints):
+  """hints: the masked op's expected_m."""
   fn = jax_fp8.blockwise_fp8_ragged_dot if op == "ragged" else jax_fp8.blockwise_fp8_masked_dot
-  return lambda *x: fn(*x, out_dtype=out_dtype, backend=backend)
+  return lambda *x: fn(*x, out_dtype=out_dtype, backend=backend, **hints)
 
 
 def _interpret(fn, *args):
@@ -158,8 +159,7 @@ def test_expected_m_reaches_the_hopper_tiling(monkeypatch):
     asked.append(kwargs.get("expected_m"))
     return default_config(*args, **kwargs)
   monkeypatch.setattr(hopper_tiling, "default_config", spy)
-  fn = lambda *x: jax_fp8.blockwise_fp8_masked_dot(*x, backend="pallas_sm90",  # noqa: E731
-                                                   expected_m=256)
+  fn = _call("masked", "pallas_sm90", BF16, expected_m=256)
   lowered = jax.jit(fn).trace(*_avals("masked", 8, 2048, 4096, 7168)).lower(
       lowering_platforms=("cuda",))
   assert asked == [256] and "mosaic_gpu" in lowered.as_text()
@@ -294,11 +294,9 @@ def _gpu_masked(backend, groups, rows, n, k, out_dtype, operands=_gpu_operands, 
   a, sa, b, sb = operands(groups + n, (groups,), m, n, k, groups)
   for g, rows_g in enumerate(masked_m):
     a = a.at[g, rows_g:].set(jnp.nan)                      # never read
-  call = _call("masked", backend, out_dtype)
-  if expected_m is not None:
-    call = lambda *x: jax_fp8.blockwise_fp8_masked_dot(  # noqa: E731
-        *x, out_dtype=out_dtype, backend=backend, expected_m=expected_m)
-  out = jax.jit(call)(a, sa, b, sb, jnp.asarray(masked_m))
+  hints = {} if expected_m is None else {"expected_m": expected_m}
+  out = jax.jit(_call("masked", backend, out_dtype, **hints))(a, sa, b, sb,
+                                                              jnp.asarray(masked_m))
   assert out.shape == (groups, m, n) and np.dtype(out.dtype) == out_dtype
   with jax.enable_x64(True):
     refs = [((g, slice(0, int(r))), _f64_rows(a[g, :r], sa[g, :r], b[g], sb[g]))
@@ -314,9 +312,10 @@ def test_gpu_masked_benchmark_shapes(backend, groups, rows, n, k, out_dtype):
 
 
 # (groups, expected rows, capacity, N, K) told to the masked op (expected_m), which
-# changes each one's Hopper tiling (tests/test_tiling.py): the last two take the
-# decode tiles, the last three walk live-first; groups past 2 also hold 0, capacity
-# and 1 rows, far from what was expected.
+# changes each one's Hopper tiling from 192 x 128 (tests/test_tiling.py) to tiles
+# walked live-first: 128 x 160, 128 x 160, 128 x 192, and the decode tiles (128 x 256)
+# for the last two; groups past 2 also hold 0, capacity and 1 rows, far from what
+# was expected.
 MASKED_HINTED = [
     (2, 512, 768, 4096, 7168), (8, 256, 2048, 4096, 7168), (4, 256, 2048, 7168, 2048),
     (8, 64, 2048, 4096, 7168), (16, 32, 2048, 7168, 2048),
