@@ -324,15 +324,16 @@ def tma_scales_pay(m: int, masked: bool, k_step: int) -> bool:
 _NO_OVERLAP_TILE = (128, 256)
 
 
-def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *, grouped: bool,
+def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *,
                           b_scale_rows: int) -> bool:
   """Whether a tiling of (tile_m, tile_n) with the scales in the ring overlaps
-  its step top (HopperConfig.step_top_overlap): dense GEMMs of 128x128 b scales
-  (+0.2-1.4% at the M = 4096 shapes, H100 2026-11-27) on tiles other than
-  _NO_OVERLAP_TILE; per-row b scales ran 5-7% slower with it, and the grouped
-  schedulers' K loops have no barrier test."""
-  return (tma_scales and not grouped and b_scale_rows == SCALE_N
-          and tuple(tile) != _NO_OVERLAP_TILE)
+  its step top (HopperConfig.step_top_overlap): GEMMs of 128x128 b scales on
+  tiles other than _NO_OVERLAP_TILE. Dense: +0.2-1.4% at the M = 4096 shapes;
+  grouped (ragged) K loops, which read the scales after the first WGMMA's issue
+  but test no barrier ahead: +0.3-1.0% at 4096x7168 (128 x 192 and 128 x 128
+  tiles, aligned and unaligned groups), where 128 x 256 tiles ran 0.7-2.1%
+  slower (H100 2026-11-27); per-row b scales ran 5-7% slower with it."""
+  return tma_scales and b_scale_rows == SCALE_N and tuple(tile) != _NO_OVERLAP_TILE
 
 
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:

@@ -153,6 +153,8 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", H_WIDE_STAGED, 300, [129, 127, 0, 1]),            # a-scales staged: a window per pass
     ("sm90", H_WIDE_160, 300, [129, 127, 0, 1]),
     ("sm90", H_TMA_M, 300, [129, 127, 0, 1]),                  # scales by TMA, per piece
+    # ... read once the piece's first WGMMA is issued (the rules' ragged tiles from M = 2048)
+    ("sm90", dataclasses.replace(H_TMA_M, step_top_overlap=True), 300, [129, 127, 0, 1]),
     ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 200, [37, 0, 1, 100, 20]),
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),

@@ -133,9 +133,10 @@ FROZEN_PICKS = [
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
-    # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1142 -> 1197 TFLOP/s at bf16)
-    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide tma': 'bf16',
-                                   '128x192m2 s3 e32 on wide tma': 'f32'}),
+    # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1142 -> 1197 TFLOP/s at bf16);
+    # the scales read once the first WGMMA is issued since 2026-11-27 (+0.3-1.0%)
+    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide tma ov': 'bf16',
+                                   '128x192m2 s3 e32 on wide tma ov': 'f32'}),
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
     # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M; 128 x 160
     # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100)
