@@ -320,20 +320,27 @@ def tma_scales_pay(m: int, masked: bool, k_step: int) -> bool:
   return m >= TMA_SCALES_MIN_M and not masked and k_step == 1
 
 
-# ptxas spills 12 bytes of 128 x 256 tiles that overlap their step top (8 without).
-_NO_OVERLAP_TILE = (128, 256)
+# 128 x 256 tiles overlap their step top only in dense GEMMs with a bfloat16 output
+# and no residual: +0.5-0.9% there (their 12 spilled bytes are stored before the K
+# loop and loaded after it, once a tile), 0.4-1.4% slower with a float32 output or
+# a residual, 0.7-2.1% slower in ragged GEMMs (H100 2026-11-27).
+_PLAIN_OVERLAP_TILE = (128, 256)
 
 
-def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *,
-                          b_scale_rows: int) -> bool:
+def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *, grouped: bool = False,
+                          b_scale_rows: int, plain_output: bool = True) -> bool:
   """Whether a tiling of (tile_m, tile_n) with the scales in the ring overlaps
-  its step top (HopperConfig.step_top_overlap): GEMMs of 128x128 b scales on
-  tiles other than _NO_OVERLAP_TILE. Dense: +0.2-1.4% at the M = 4096 shapes;
+  its step top (HopperConfig.step_top_overlap): GEMMs of 128x128 b scales (per-row
+  b scales ran 5-7% slower with it). Dense: +0.2-1.4% at the M = 4096 shapes;
   grouped (ragged) K loops, which read the scales after the first WGMMA's issue
   but test no barrier ahead: +0.3-1.0% at 4096x7168 (128 x 192 and 128 x 128
-  tiles, aligned and unaligned groups), where 128 x 256 tiles ran 0.7-2.1%
-  slower (H100 2026-11-27); per-row b scales ran 5-7% slower with it."""
-  return tma_scales and b_scale_rows == SCALE_N and tuple(tile) != _NO_OVERLAP_TILE
+  tiles, aligned and unaligned groups); _PLAIN_OVERLAP_TILE only where it pays.
+  plain_output: a bfloat16 output and no residual c."""
+  if not tma_scales or b_scale_rows != SCALE_N:
+    return False
+  if tuple(tile) == _PLAIN_OVERLAP_TILE:
+    return not grouped and plain_output
+  return True
 
 
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:

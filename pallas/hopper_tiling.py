@@ -15,7 +15,7 @@ The candidates of a shape, in the cost model's order (the default first):
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
 Every candidate is completed the same way: the scales brought by the ring's TMA
 from M = 2048 outside masked groups (hopper_cost.tma_scales_pay), with them the
-step top overlapped but on 128 x 256 tiles (hopper_cost.step_top_overlap_pays), the widest
+step top overlapped (hopper_cost.step_top_overlap_pays), the widest
 epilogue store, the producer's registers, the ring fitted into SMEM. Grouped
 schedulers take no K splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
 capacity: the rows that exist are known on the device only, so its estimate
@@ -202,7 +202,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                        wide_chunks=wide, tma_scales=tma,
                        step_top_overlap=hopper_cost.step_top_overlap_pays(
-                           (tm, tn), tma, b_scale_rows=b_scale_rows),
+                           (tm, tn), tma, grouped=grouped, b_scale_rows=b_scale_rows,
+                           plain_output=out_dtype == np.dtype(jnp.bfloat16) and c_dtype is None),
                        a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW if wide and not tma
                                        and not masked else 0),
                        live_first=masked and (sparse or (tm, tn, split, consumers)
@@ -285,7 +286,9 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
                        grid_minor=cfg.grid_minor, scale_product=cfg.scale_product)
     if m <= hopper_cost.DECODE_MAX_M and hopper_cost.two_block_steps_pay(pl.cdiv(k, K_BLOCK)):
       cfg = dataclasses.replace(cfg, k_step=2)
-  cfg = _with_registers(dataclasses.replace(cfg, epi_tile_n=SCALE_N))
+  overlap = hopper_cost.step_top_overlap_pays((cfg.tile_m, cfg.tile_n), cfg.tma_scales,
+                                              b_scale_rows=b_scale_rows, plain_output=False)
+  cfg = _with_registers(dataclasses.replace(cfg, epi_tile_n=SCALE_N, step_top_overlap=overlap))
   return _fit_stages(cfg, FP8_OUT, c_dtype, max_stages=ring_stages(cfg))
 
 

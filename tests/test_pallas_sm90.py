@@ -170,6 +170,11 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
                                         stages=2, num_sms=4, cluster_n=2, tma_scales=True,
                                         producer_registers=72, step_top_overlap=True), True,
      BF16, -1.0, jnp.bfloat16),
+    # ... on 128 x 256 tiles side by side (two chunks per warpgroup, the rules' short-K
+    # tiling at large M), with a residual
+    (200, 330, 850, dataclasses.replace(DEFAULT_LARGE, stages=2, num_sms=3, tma_scales=True,
+                                        producer_registers=72, step_top_overlap=True), True,
+     F32, 0.5, jnp.float32),
     # ... and with one wide chunk per warpgroup (its first WGMMA is its last)
     (136, 400, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=3,
                                         wide_chunks=True, tma_scales=True,
@@ -432,17 +437,20 @@ def test_gpu_three_consumers(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
-@pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (4097, 2112, 7168), (4096, 4000, 7000),
-                                   (2048, 7168, 16384)])
-def test_gpu_step_top_overlap_changes_no_bit(m, n, k):
+@pytest.mark.parametrize("m,n,k,out_dtype", [
+    (4096, 4096, 7168, F32), (4097, 2112, 7168, F32), (4096, 4000, 7000, F32),
+    (2048, 7168, 16384, F32),
+    (4096, 7168, 2048, BF16),  # 128 x 256 tiles overlap with a bf16 output only
+])
+def test_gpu_step_top_overlap_changes_no_bit(m, n, k, out_dtype):
   # The rules' tilings overlap their step top (the next slot's barrier tested ahead,
   # pallas/barrier_probe.py; the scales read after the first WGMMA's issue): the same
   # sums in the same order as waiting at each step's top, on every tile.
-  cfg = hopper_tiling.default_config(m, n, k, out_dtype=F32)
+  cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype)
   assert cfg.step_top_overlap
   a, sa, b, sb, _ = _gpu_operands(m, n, k, 6, False)
   outs = [np.asarray(jax.jit(lambda *x, c=c: hopper.blockwise_fp8_dot(
-      *x, None, beta=1.0, out_dtype=F32, config=c))(a, sa, b, sb))
+      *x, None, beta=1.0, out_dtype=out_dtype, config=c))(a, sa, b, sb).astype(F32))
       for c in (cfg, dataclasses.replace(cfg, step_top_overlap=False))]
   assert np.isfinite(outs[0]).all()
   np.testing.assert_array_equal(outs[0], outs[1])

@@ -76,11 +76,12 @@ def test_gpu_default_tilings_do_not_spill():
            "dense:512x7168x18432", "wgrad:7168x18432x4096", "glu8:4096x18432x7168",
            "masked:4x384x7168x2048"]
   # Two-chunk tiles with their scales in the ring (tma_scales; 256 x 128 pairs at
-  # 4096x4096x7168, 128 x 256 at 4096x7168x2048) may spill up to 8 bytes, stored and
-  # loaded once per tile after the K loop (128 x 256's SASS, 2026-11-26); they ran
-  # 4-6% faster than the spill-free form with the scales from GMEM.
+  # 4096x4096x7168, 128 x 256 at 4096x7168x2048) may spill up to 12 bytes, stored and
+  # loaded once per tile outside the K loop (128 x 256's SASS, 2026-11-26 and, with
+  # the step top overlapped, 2026-11-27); they ran 4-6% faster than the spill-free form
+  # with the scales from GMEM, and the overlap 0.5-0.9% faster than without.
   few = ["dense:4096x4096x7168", "dense:4096x7168x2048"]
-  for chosen, max_bytes in ((cases, 0), (few, 8)):
+  for chosen, max_bytes in ((cases, 0), (few, 12)):
     run = subprocess.run([sys.executable, os.path.join(_TOOLS, "spill_check.py"),
                           "--cases=" + ",".join(chosen), f"--max_bytes={max_bytes}",
                           "--fail_zeroed"],
