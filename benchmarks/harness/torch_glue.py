@@ -43,7 +43,12 @@ def to_torch(x):
 
 
 def to_jax(t):
-  """A torch tensor as a JAX array (bf16 and f32 through DLPack, else through the host)."""
+  """A torch tensor as a JAX array (bf16 and f32 through DLPack, else through the host).
+
+  Waits for torch's work first: DLPack hands JAX the buffer without ordering it after
+  the torch kernels still writing it (a result's gather, e.g. DeepGEMM's contiguous
+  rows taken out of its padded layout, would be read half written)."""
+  cuda_torch().cuda.synchronize()
   try:
     return jax.dlpack.from_dlpack(t.contiguous())
   except Exception:  # noqa: BLE001 (through the host)
