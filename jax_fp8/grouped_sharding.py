@@ -60,7 +60,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_fp8.blocks import BLOCK
 from jax_fp8.reference import ragged_group_bounds
-from jax_fp8.sharding import AxisClaims, _entry, _spec, _without_mesh, lower_locally
+from jax_fp8.sharding import (AxisClaims, _entry, _spec, _without_mesh, explicit_specs,
+                              lower_locally, resolve_factors)
 
 RAGGED, MASKED = "ragged_dot", "masked_dot"
 PUBLIC = {RAGGED: "blockwise_fp8_ragged_dot", MASKED: "blockwise_fp8_masked_dot"}
@@ -292,50 +293,14 @@ def out_sharding(op, avals):
   """
   public = PUBLIC[op]
   avals = dict(zip(ARG_NAMES[op], avals))
-  meshes = {name: v.sharding.mesh for name, v in avals.items()
-            if getattr(v, "sharding", None) is not None and not v.sharding.mesh.empty}
-  ndim = len(OUT_FACTORS[op])
-  if not meshes:
+  checked = explicit_specs(public, avals)
+  if checked is None:
     # No mesh: say so explicitly, else the context mesh (e.g. set_mesh while a
     # per-shard body is traced) would be assumed, as for lax.dot_general.
     a = avals["a"]
     if getattr(a, "sharding", None) is None:
       return None
-    return NamedSharding(a.sharding.mesh, P(*[None] * ndim))
-  first = next(iter(meshes))
-  mesh = meshes[first]
-  for name, other in meshes.items():
-    if other != mesh:
-      raise core.ShardingTypeError(
-          f"{public}: all arguments must be on one mesh; {name} is on {other} but {first} "
-          f"is on {mesh}")
-    spec = avals[name].sharding.spec
-    if spec.unreduced or spec.reduced:
-      raise core.ShardingTypeError(f"{public}: {name} must not be unreduced/reduced, got {spec}")
-  specs = {name: (_spec(v.sharding, v.ndim) if name in meshes else [()] * v.ndim)
-           for name, v in avals.items()}
-  resolved, owner = {}, {}
-  for factor, members in FACTORS[op].items():
-    axes, leader = (), None
-    for name, dim in members:
-      here = specs[name][dim]
-      if not here:
-        continue
-      if not axes:
-        axes, leader = here, name
-      elif here != axes:
-        spec = list(specs[name])
-        spec[dim] = axes
-        raise core.ShardingTypeError(
-            f"{public}: {factor} of {name} is sharded over {here} but {factor} of {leader} "
-            f"over {axes}; reshard {name} with jax.sharding.reshard({name}, "
-            f"{P(*map(_entry, spec))})")
-    for ax in axes:
-      if ax in owner:
-        raise core.ShardingTypeError(
-            f"{public}: mesh axis {ax!r} shards both {owner[ax][0]} (of {owner[ax][1]}) and "
-            f"{factor} (of {leader}); reshard {leader} with jax.sharding.reshard so that each "
-            "mesh axis shards one dimension")
-      owner[ax] = (factor, leader)
-    resolved[factor] = axes
+    return NamedSharding(a.sharding.mesh, P(*[None] * len(OUT_FACTORS[op])))
+  mesh, specs = checked
+  resolved = resolve_factors(public, specs, FACTORS[op])
   return NamedSharding(mesh, P(*(_entry(resolved[f]) for f in OUT_FACTORS[op])))

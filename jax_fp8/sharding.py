@@ -453,36 +453,54 @@ def out_sharding(a, a_scale, b, b_scale, c, *, op: str = "blockwise_fp8_dot"):
   """
   avals = dict(zip(ARG_NAMES, (a, a_scale, b, b_scale, c)))
   avals = {k: v for k, v in avals.items() if v is not None}
-  meshes = {name: v.sharding.mesh for name, v in avals.items()
-            if getattr(v, "sharding", None) is not None and not v.sharding.mesh.empty}
-  if not meshes:
+  checked = explicit_specs(op, avals)
+  if checked is None:
     # No mesh: say so explicitly, else the context mesh (e.g. set_mesh while a
     # per-shard body is traced) would be assumed, as for lax.dot_general.
     if getattr(a, "sharding", None) is None:
       return None
     return NamedSharding(a.sharding.mesh, P(*[None] * a.ndim))
-  mesh = next(iter(meshes.values()))
-  for name, other in meshes.items():
-    if other != mesh:
-      raise core.ShardingTypeError(
-          f"{op}: all arguments must be on one mesh; {name} is on {other} "
-          f"but {next(iter(meshes))} is on {mesh}")
-  for name, v in avals.items():
-    if name in meshes and (v.sharding.spec.unreduced or v.sharding.spec.reduced):
-      raise core.ShardingTypeError(
-          f"{op}: {name} must not be unreduced/reduced, got {v.sharding.spec}")
-
-  def spec(name):
-    v = avals[name]
-    return _spec(v.sharding, v.ndim) if name in meshes else [()] * v.ndim
-
+  mesh, specs = checked
   nb = a.ndim - 2
   # Dimensions that must agree, per factor: (argument, dimension), leader first.
   factors = {f"batch dim {i}": [("a", i), ("a_scale", i), ("c", i)] for i in range(nb)}
   factors["M"] = [("a", nb), ("a_scale", nb), ("c", nb)]
   factors["N"] = [("b", 0), ("b_scale", 0), ("c", nb + 1)]
   factors["K"] = [("a", nb + 1), ("b", 1), ("a_scale", nb + 1), ("b_scale", 1)]
-  specs = {name: spec(name) for name in avals}
+  resolved = resolve_factors(op, specs, factors)
+  out = [resolved[f"batch dim {i}"] for i in range(nb)] + [resolved["M"], resolved["N"]]
+  return NamedSharding(mesh, P(*map(_entry, out)))
+
+
+def explicit_specs(op: str, avals: dict):
+  """(mesh, {name: spec, a tuple of mesh axes per dimension}) of arguments typed with
+  Explicit mesh axes, after checking that they share one mesh and that none is
+  unreduced or reduced (`op` names the public function in errors); an argument
+  without a mesh counts as replicated. None where no argument has a mesh."""
+  meshes = {name: v.sharding.mesh for name, v in avals.items()
+            if getattr(v, "sharding", None) is not None and not v.sharding.mesh.empty}
+  if not meshes:
+    return None
+  first = next(iter(meshes))
+  mesh = meshes[first]
+  for name, other in meshes.items():
+    if other != mesh:
+      raise core.ShardingTypeError(
+          f"{op}: all arguments must be on one mesh; {name} is on {other} "
+          f"but {first} is on {mesh}")
+    spec = avals[name].sharding.spec
+    if spec.unreduced or spec.reduced:
+      raise core.ShardingTypeError(f"{op}: {name} must not be unreduced/reduced, got {spec}")
+  return mesh, {name: (_spec(v.sharding, v.ndim) if name in meshes else [()] * v.ndim)
+                for name, v in avals.items()}
+
+
+def resolve_factors(op: str, specs: dict, factors: dict) -> dict:
+  """{factor: its mesh axes}: factors maps each factor (a dimension several
+  arguments share) to its (argument, dimension) pairs, leader first; the sharded
+  ones must agree, and a mesh axis may shard one factor only (else a
+  ShardingTypeError saying which argument to reshard, and how). Arguments not in
+  specs are skipped."""
   resolved, owner = {}, {}
   for factor, members in factors.items():
     axes, leader = (), None
@@ -498,7 +516,7 @@ def out_sharding(a, a_scale, b, b_scale, c, *, op: str = "blockwise_fp8_dot"):
         raise core.ShardingTypeError(
             f"{op}: {factor} of {name} is sharded over {here} but {factor} of "
             f"{leader} over {axes}; reshard {name} with jax.sharding.reshard({name}, "
-            f"{_suggest(name, specs, factors, dim, axes)})")
+            f"{_suggest(name, specs, dim, axes)})")
     for ax in axes:
       if ax in owner:
         raise core.ShardingTypeError(
@@ -507,11 +525,10 @@ def out_sharding(a, a_scale, b, b_scale, c, *, op: str = "blockwise_fp8_dot"):
             "jax.sharding.reshard so that each mesh axis shards one dimension")
       owner[ax] = (factor, leader)
     resolved[factor] = axes
-  out = [resolved[f"batch dim {i}"] for i in range(nb)] + [resolved["M"], resolved["N"]]
-  return NamedSharding(mesh, P(*map(_entry, out)))
+  return resolved
 
 
-def _suggest(name, specs, factors, dim, axes):
+def _suggest(name, specs, dim, axes):
   """The PartitionSpec `name` should have: its own, with `dim` set to `axes`."""
   spec = list(specs[name])
   spec[dim] = axes
