@@ -54,7 +54,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import core
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
