@@ -2,6 +2,7 @@
 reader pasting them into one session would), on the CPU: the reference backend
 and the kernels in GPU interpret mode. After some blocks, what their comments
 promise (shapes, dtypes, zero rows) is checked. About a minute on two cores."""
+import json
 import os
 import re
 import subprocess
@@ -51,28 +52,27 @@ CHECKS = {
        """,
 }
 
-RUNNER = """
-import os, re, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-checks = {checks!r}
-blocks = re.findall(r"```python\\n(.*?)```", open({readme!r}).read(), re.S)
-assert len(blocks) >= max(checks), len(blocks)
-ns = {{}}
+# Runs in its own process: eight CPU devices (the sharding examples), no GPU.
+RUNNER = r"""
+import json, re, sys
+readme, checks = sys.argv[1], {int(i): code for i, code in json.loads(sys.argv[2]).items()}
+blocks = re.findall(r"```python\n(.*?)```", open(readme).read(), re.S)
+ns = {}
 for i, block in enumerate(blocks, 1):
-  exec(compile(block, f"README.md, Python example {{i}}", "exec"), ns)
+  exec(compile(block, f"README.md, Python example {i}", "exec"), ns)
   if i in checks:
-    exec(compile(checks[i], f"check after README example {{i}}", "exec"), ns)
+    exec(compile(checks[i], f"the check after README example {i}", "exec"), ns)
 print("ran", len(blocks), "examples")
 """
 
 
 def test_readme_examples_run_as_written():
-  checks = {i: textwrap.dedent(code) for i, code in CHECKS.items()}
-  code = RUNNER.format(checks=checks, readme=README)
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=600)
-  assert done.returncode == 0, done.stderr[-4000:]
   n = len(re.findall(r"```python\n", open(README).read()))
+  assert n >= max(CHECKS), f"the README has {n} Python examples; CHECKS names {max(CHECKS)}"
+  checks = {i: textwrap.dedent(code) for i, code in CHECKS.items()}
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  done = subprocess.run([sys.executable, "-c", RUNNER, README, json.dumps(checks)], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-4000:]
   assert f"ran {n} examples" in done.stdout
