@@ -25,8 +25,8 @@ CHECKS = {
        assert y.shape == (4096, 2816) and y.dtype == jnp.bfloat16, (y.shape, y.dtype)
        """,
     7: """
-       assert (q.shape, s.shape, q_t.shape, s_t.shape) == (
-           (4096, 7168), (4096, 56), (7168, 4096), (7168, 32)), (q.shape, s.shape, q_t.shape, s_t.shape)
+       shapes = (q.shape, s.shape, q_t.shape, s_t.shape)
+       assert shapes == ((4096, 7168), (4096, 56), (7168, 4096), (7168, 32)), shapes
        assert q.dtype == q_t.dtype == jnp.float8_e4m3fn
        """,
     8: """
