@@ -15,7 +15,9 @@ Warp roles (one CTA per SM, persistent; every role walks the scheduler itself):
   WGMMAs and its epilogue. With `tma_scales` (the rules' choice from M = 2048)
   a slot also holds its K block's a-scales (a_scale transposed to [kb, M]) and
   per-row b scales, brought by the same TMA barrier.
-- `consumer` (2 or 3 warpgroups, each a (wm, wn) part of the tile):
+- `consumer` (2 or 3 warpgroups, each a (wm, wn) part of the tile, or, with
+  wg_split "k", the whole tile over every consumers-th K step, the first
+  warpgroup summing the others' accumulators through SMEM before its epilogue):
   `consumer_k_step` issues one WGMMA per 128-deep K block into a fresh
   accumulator (`plgpu.ACC`) and promotes it into the float32 register
   accumulator: acc += block * factor (two-level accumulation: FP8 tensor cores
@@ -92,9 +94,16 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       out_smem=plgpu.SMEM((consumers, cfg.out_slots(glu=bool(prob.glu_rows)), cm, cfg.epi_tile_n), out_dtype,
                           transforms=tiled(out_dtype, cfg.epi_tile_n)),
+      # With a K split among the warpgroups each slot is consumed by one of them.
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=full_arrivals,
-                                          empty_arrivals=consumers, cluster_axes=cluster_axes),
+                                          empty_arrivals=consumers // cfg.k_stride,
+                                          cluster_axes=cluster_axes),
   )
+  if cfg.k_stride > 1:  # the other warpgroups' accumulators, summed by the first's
+    scratch["k_sum"] = plgpu.SMEM((consumers - 1, len(_parts(cfg)), cm, cfg.piece_n()),
+                                  jnp.float32)
+    scratch["k_sum_full"] = plgpu.Barrier(num_arrivals=consumers - 1)
+    scratch["k_sum_free"] = plgpu.Barrier(num_arrivals=1)
   if cfg.tma_scales:  # each slot's K block's scales, TMA destinations like the operands
     scratch["a_scales"] = plgpu.SMEM((stages, 1, tile_m), jnp.float32)
     if stage_b_scales:
@@ -112,7 +121,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
   def _scope(a_smem, b_smem, out_smem, full, empty, c_smem=None, c_barrier=None, a_stage=None,
-             stage_full=None, stage_empty=None, rows_smem=None, a_scales=None, b_scales=None):
+             stage_full=None, stage_empty=None, rows_smem=None, a_scales=None, b_scales=None,
+             k_sum=None, k_sum_full=None, k_sum_free=None):
     inputs = ProducerConsumerPipeline(full, empty, stages)
     # a-scale windows: a 2-slot ring the producer fills with generic stores
     scale_ring = ProducerConsumerPipeline(stage_full, stage_empty, 2) if window else None
@@ -220,8 +230,13 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
 
       def tile_body(i, step):
         tile = sched.tile(cta + i * num_ctas, cluster_index)
-        if c_ring is not None:
-          c_ring.start(0, c_gmem.at[0, *warpgroup.window(tile, 0)])  # lands during the K loop
+        if c_ring is not None:  # c lands during the K loop
+          def start_c():
+            c_ring.start(0, c_gmem.at[0, *warpgroup.window(tile, 0)])
+          if cfg.k_stride > 1:  # the first warpgroup stores the tile
+            pl.when(wg == 0)(start_c)
+          else:
+            start_c()
         acc = warpgroup.zero_accumulator()
 
         def pass_body(p, carry):
@@ -237,12 +252,55 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
                                lambda carry: carry, (step, acc))
         else:
           step, acc = lax.fori_loop(i32(0), tile.passes, pass_body, (step, acc))
-        with jax.named_scope("epilogue"):
-          warpgroup.epilogue(tile, acc, out_gmem, stores, c_gmem, c_ring)
+        if cfg.k_stride == 1:
+          with jax.named_scope("epilogue"):
+            warpgroup.epilogue(tile, acc, out_gmem, stores, c_gmem, c_ring)
+          return step
+        # K split among the warpgroups: the others hand their sums to the first,
+        # which stores the tile.
+        @pl.when(wg > 0)
+        def _hand_over():
+          @pl.when(i > 0)
+          def _():
+            plgpu.barrier_wait(k_sum_free)  # the first read the last tile's
+          for p, part in enumerate(acc):
+            k_sum[wg - 1, p] = part
+          plgpu.barrier_arrive(k_sum_full)
+
+        @pl.when(wg == 0)
+        def _sum_and_store():
+          plgpu.barrier_wait(k_sum_full)
+          total = list(acc)
+          for w in range(consumers - 1):
+            for p in range(len(total)):
+              total[p] = total[p] + plgpu.load(k_sum.at[w, p], layout=plgpu.Layout.WGMMA,
+                                               optimized=False)
+          plgpu.barrier_arrive(k_sum_free)
+          with jax.named_scope("epilogue"):
+            warpgroup.epilogue(tile, tuple(total), out_gmem, stores, c_gmem, c_ring)
         return step
 
-      lax.fori_loop(i32(0), sched.local_units(cta, num_ctas), tile_body, i32(0))
+      units = sched.local_units(cta, num_ctas)
+      lax.fori_loop(i32(0), units, tile_body, i32(0))
+      if cfg.k_stride > 1:
+        @pl.when((wg > 0) & (units > 0))
+        def _():
+          plgpu.barrier_wait(k_sum_free)  # the last hand-over read (each phase is waited for)
       OutputStores.finish()
+
+
+def _chunks(cfg: HopperConfig):
+  """(row, column) offsets of a warpgroup's WGMMA chunks."""
+  wm, wn = cfg.wg_tile()
+  cm, cn = cfg.chunk()
+  return [(r, c) for r in range(0, wm, cm) for c in range(0, wn, cn)]
+
+
+def _parts(cfg: HopperConfig):
+  """(row, column) offsets of a warpgroup's accumulator pieces, chunk by chunk:
+  the float32 accumulator is one (64, piece_n) array per part."""
+  cn, pn = cfg.chunk()[1], cfg.piece_n()
+  return [(r, c + p) for r, c in _chunks(cfg) for p in range(0, cn, pn)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,22 +319,20 @@ class _Warpgroup:
 
   @property
   def chunks(self):
-    """(row, column) offsets of the warpgroup's WGMMA chunks."""
-    wm, wn = self.cfg.wg_tile()
-    cm, cn = self.cfg.chunk()
-    return [(r, c) for r in range(0, wm, cm) for c in range(0, wn, cn)]
+    return _chunks(self.cfg)
 
   @property
   def parts(self):
-    """(row, column) offsets of the accumulator pieces, chunk by chunk: the
-    float32 accumulator is one (64, piece_n) array per part."""
-    cn, pn = self.cfg.chunk()[1], self.cfg.piece_n()
-    return [(r, c + p) for r, c in self.chunks for p in range(0, cn, pn)]
+    return _parts(self.cfg)
 
   def corner(self):
     """This warpgroup's (row, column) offset inside the CTA tile."""
     wm, wn = self.cfg.wg_tile()
-    return (self.wg * wm, i32(0)) if self.cfg.wg_split == "m" else (i32(0), self.wg * wn)
+    if self.cfg.wg_split == "m":
+      return self.wg * wm, i32(0)
+    if self.cfg.wg_split == "n":
+      return i32(0), self.wg * wn
+    return i32(0), i32(0)  # "k": every warpgroup the whole tile
 
   def b_row(self, tile, col):
     """The row of b behind column `col` of the CTA's B tile (a GLU's B tile is
@@ -403,8 +459,17 @@ class _Warpgroup:
       acc, scales = carry
       return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc, scales,
                                   k_steps)
-    carry = (acc, self.step_scales(tile, tp, i32(0)))
+    carry = (acc, self.step_scales(tile, tp, self.first_step(step0)))
     return self.k_loop(inputs, step0, k_steps, k_step, carry)[0]
+
+  def first_step(self, step0):
+    """The first K step of a pass (from pipeline step step0) this warpgroup
+    takes: 0, or with a K split the first whose ring step is its own (a ring
+    slot always goes to the same warpgroup: stages is a multiple of consumers)."""
+    stride = self.cfg.k_stride
+    if stride == 1:
+      return i32(0)
+    return lax.rem(self.wg - lax.rem(step0, i32(stride)) + stride, i32(stride))
 
   def run_tma_scales_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """run_pass with each slot's scales in SMEM beside its operands
@@ -432,7 +497,24 @@ class _Warpgroup:
     hook() after its last WGMMA: the warpgroup tests the next slot's barrier
     there, without blocking, and waits at the next step's top only where the
     test failed (pallas/barrier_probe.py): the barrier's round trip overlaps
-    the last promotion instead of following it."""
+    the last promotion instead of following it.
+
+    With a K split among the warpgroups (cfg.k_stride > 1) this warpgroup takes
+    every k_stride-th step from first_step(step0); the slot is carried."""
+    stride = self.cfg.k_stride
+    if stride > 1:
+      first = self.first_step(step0)
+
+      def strided_body(j, carry_slot):
+        carry, slot = carry_slot
+        with inputs.consume_slot(slot):
+          carry = k_step(slot, first + j * stride, carry)
+        nxt = slot + stride
+        return carry, jnp.where(nxt >= inputs.num_stages, nxt - inputs.num_stages, nxt)
+      count = lax.div(i32(k_steps) - first + stride - 1, i32(stride))
+      slot = inputs.stage(step0 + first).index
+      return lax.fori_loop(i32(0), count, strided_body, (carry, slot))[0]
+
     if not self.prob.scheduler.static_passes:
       def step_body(ks, carry):
         with inputs.consume(step0 + ks) as st:
@@ -509,7 +591,7 @@ class _Warpgroup:
     pn = cfg.piece_n()
     wr, wc = self.corner()
     k_step = cfg.k_step
-    next_kb = tile.k0 + jnp.minimum(ks + 1, k_steps - 1) * k_step
+    next_kb = tile.k0 + jnp.minimum(ks + cfg.k_stride, k_steps - 1) * k_step
     early = k_step == 1 and (not cfg.scale_product or self.prob.recipe.per_row_b)
     next_scales = [self.k_block_scales(tile, tp, next_kb)] if early and load_next else []
     for j in range(k_step):

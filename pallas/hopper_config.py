@@ -23,7 +23,11 @@ class HopperConfig:
 
   tile_m x tile_n: the CTA's output tile. The `consumers` (2 or 3) consumer
   warpgroups split it along `wg_split` ("m": each takes tile_m/consumers rows;
-  "n": each takes tile_n/consumers columns). A warpgroup's part is computed as
+  "n": each takes tile_n/consumers columns; "k": each takes the whole tile and
+  every consumers-th K step, the ring's slots dealt out in turn, and the first
+  warpgroup sums the others' accumulators through SMEM before its epilogue: a
+  K split inside the CTA, with no partial outputs and no reduction after the
+  kernel). A warpgroup's part is computed as
   (64, min(cols, 128)) WGMMA chunks, each within one 128-column b_scale block,
   so that only one chunk's temporary accumulator is live next to the float32
   accumulator (register budget).
@@ -97,7 +101,15 @@ class HopperConfig:
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
       return self.tile_m // self.consumers, self.tile_n
+    if self.wg_split == "k":
+      return self.tile_m, self.tile_n
     return self.tile_m, self.tile_n // self.consumers
+
+  @property
+  def k_stride(self) -> int:
+    """K steps between two of a consumer warpgroup's steps (wg_split "k": each
+    takes every consumers-th)."""
+    return self.consumers if self.wg_split == "k" else 1
 
   def chunk(self) -> tuple[int, int]:
     """(rows, columns) of one WGMMA chunk."""
@@ -120,15 +132,15 @@ class HopperConfig:
 
   def check(self):
     """Raises ValueError naming the field if this tiling cannot be built."""
-    if self.wg_split not in ("m", "n"):
-      raise ValueError(f"wg_split must be 'm' or 'n', got {self.wg_split!r}")
+    if self.wg_split not in ("m", "n", "k"):
+      raise ValueError(f"wg_split must be 'm', 'n' or 'k', got {self.wg_split!r}")
     if self.grid_minor not in ("m", "n"):
       raise ValueError(f"grid_minor must be 'm' or 'n', got {self.grid_minor!r}")
     if self.consumers not in (2, 3):
       raise ValueError(f"consumers must be 2 or 3, got {self.consumers}")
     wm, wn = self.wg_tile()
     split_dim = self.tile_m if self.wg_split == "m" else self.tile_n
-    if split_dim % self.consumers:
+    if self.wg_split != "k" and split_dim % self.consumers:
       raise ValueError(f"the split dimension ({split_dim}) must divide among {self.consumers} "
                        "consumer warpgroups")
     if wm % CHUNK_M or wm < CHUNK_M:
@@ -163,6 +175,12 @@ class HopperConfig:
     if self.tma_scales and (self.a_scale_window or self.k_step != 1):
       raise ValueError("tma_scales stages one K block's scales per slot: it needs k_step=1 "
                        "and no a_scale_window")
+    if self.wg_split == "k" and (self.stages % self.consumers or self.a_scale_window
+                                 or self.step_top_overlap):
+      # A ring slot must always go to the same warpgroup: a barrier's waiter
+      # tracks its parity by waiting on every phase.
+      raise ValueError(f"wg_split='k' needs stages ({self.stages}) a multiple of consumers "
+                       f"({self.consumers}), and no a_scale_window or step_top_overlap")
     if self.step_top_overlap and not self.tma_scales:
       raise ValueError("step_top_overlap reads a step's scales from its ring slot: it needs "
                        "tma_scales")
@@ -201,6 +219,8 @@ class HopperConfig:
            * np.dtype(out_dtype).itemsize)
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
+    if self.wg_split == "k":  # the other warpgroups' float32 accumulators
+      epi += (self.consumers - 1) * self.tile_m * self.tile_n * 4
     staged = 2 * self.a_scale_window * self.k_step * self.tile_m * 4  # at most
     if self.tma_scales:  # (b's per-row scales too, at most)
       staged += self.stages * (self.tile_m + self.tile_n) * 4

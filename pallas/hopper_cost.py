@@ -51,6 +51,20 @@ DECODE_MAX_M = 128
 DECODE_TILES = {(64, 32, "n", 2): 1.0, (64, 64, "n", 2): 1.0, (64, 128, "n", 2): 1.0,
                 (64, 192, "n", 3): 1.0, (64, 256, "n", 2): 1.0, (128, 64, "m", 2): 1.6,
                 (128, 256, "n", 2): 1.6}
+# Decode tiles whose warpgroups split the K loop (wg_split "k": each holds the
+# whole tile and every consumers-th K step; the first sums the others' through
+# SMEM): a K split with no float32 partials and no reduction after the kernel,
+# and each warpgroup's chain has half (a third) of the steps. Their weights are
+# fitted to their times against the rules' earlier picks, in one wave over K
+# loops of >= K_SPLIT_MIN_BLOCKS blocks (H100, 2026-11-27): 128x4096x7168 64 x 64
+# (two warpgroups) 1.14x over 128 x 64 tiles split in 2 across CTAs,
+# 64x4096x7168 64 x 32 1.09-1.10x (two or three warpgroups) over 64 x 64 split
+# in 2, 128x2112x7168 64 x 32 (three) 1.08x over 128 x 64 split in 4,
+# 64x7168x16384 64 x 64 (two) 1.045x over 64 x 64 split by columns; at K = 2048
+# 0.95-0.99x, at 64x2112x7168 64 x 16 (three) within 1-2%: not taken.
+K_SPLIT_DECODE_TILES = {(64, 64, "k", 2): 0.85, (64, 32, "k", 2): 0.8, (64, 32, "k", 3): 0.7}
+K_SPLIT_MIN_BLOCKS = 32
+DECODE_TILES.update(K_SPLIT_DECODE_TILES)
 # One 128-byte column of a K block from HBM with every SM streaming (3.35 TB/s
 # over 132 SMs).
 _COLUMN_BLOCK_US = 0.005
@@ -259,8 +273,10 @@ def _one_block_ring(cfg: HopperConfig) -> int:
 
 def ring_stages(cfg: HopperConfig) -> int:
   """The ring depth (stages of k_step blocks) of about RING_BYTES for cfg's
-  tile, at least 2."""
-  return max(2, _one_block_ring(cfg) // cfg.k_step)
+  tile, at least 2; warpgroups splitting K take a multiple of their count (a
+  slot always goes to the same one), rounded up."""
+  stages = max(2, _one_block_ring(cfg) // cfg.k_step)
+  return _cdiv(stages, cfg.k_stride) * cfg.k_stride
 
 
 def tile_key(cfg: HopperConfig) -> tuple:
@@ -420,6 +436,10 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
     return "a ring past RING_BYTES (measured slower)"
   if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:
     return "64-row three-consumer tiles for M > 64 over several waves (measured slower)"
+  if cfg.wg_split == "k" and not (decode and one_wave and cfg.split_k == 1 and not masked
+                                  and not row_masks and _cdiv(k, K_BLOCK) >= K_SPLIT_MIN_BLOCKS):
+    return ("a K split among the warpgroups other than dense decode tiles in one wave over "
+            f">= {K_SPLIT_MIN_BLOCKS} K blocks")
   return None
 
 

@@ -6,7 +6,8 @@ autotuning over the same candidates, and the autotuned config lookup
 The candidates of a shape, in the cost model's order (the default first):
 - decode (M <= 128): hopper_cost.DECODE_TILES (128-row ones only where M > 64),
   each with one- and two-block pipeline steps; K cut into 2 or 4 ranges; pairs
-  of 128-row CTAs sharing their A tile (with two-block steps, one stage more).
+  of 128-row CTAs sharing their A tile (with two-block steps, one stage more);
+  dense GEMMs also tiles whose warpgroups split K (K_SPLIT_DECODE_TILES).
 - larger M: the problem's tile table (hopper_cost.large_m_tiles: dense, ragged
   groups, masked groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
   4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks); dense
@@ -125,6 +126,12 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
     tiles.sort(key=lambda t: -t[0] * t[1])
     base = _order_and_scales(m)
     for t in tiles:
+      if t[2] == "k":  # warpgroups splitting K: dense GEMMs, no other split, no pairs
+        if not (row_masks or masked):
+          yield t, base, 0
+          if k_blocks >= 2:
+            yield t, dict(base, k_step=2), 0
+        continue
       # Pairs of 64-row tiles sharing B where M has two row tiles to pair.
       for cluster_m in (1, 2) if t[0] == 64 and m > 64 else (1,):
         yield t, dict(base, cluster_m=cluster_m), 0

@@ -51,6 +51,9 @@ H_WIDE_160 = hopper.HopperConfig(tile_m=128, tile_n=160, wg_split="m", stages=2,
 # b scales too; the warpgroups one above the other, or side by side.
 H_TMA_M = dataclasses.replace(H_SPLIT_M, tma_scales=True)
 H_TMA_N = dataclasses.replace(H_SPLIT_N, tma_scales=True)
+# A K split among the warpgroups (each the whole tile, every other K step).
+H_K_SPLIT = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="k", stages=2, num_sms=3,
+                                epi_tile_n=32, scale_product=False)
 B_SMALL = blackwell.BlackwellConfig(tile_n=64, input_stages=2, num_ctas=3, epi_tile_n=32)
 B_WIDE = blackwell.BlackwellConfig(tile_n=256, input_stages=2, tmem_stages=2, num_ctas=2)
 
@@ -126,6 +129,8 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
     ("sm90", H_TMA_M, 200, 136, 384, F32),                  # b's scales by TMA as well
     ("sm90", H_TMA_N, 200, 330, 300, BF16),
     ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 70, 200, 300, F32),
+    ("sm90", H_K_SPLIT, 70, 200, 300, F32),
+    ("sm90", dataclasses.replace(H_K_SPLIT, tma_scales=True), 70, 200, 300, BF16),
     ("sm100", B_SMALL, 130, 200, 300, F32),
     ("sm100", B_WIDE, 100, 300, 256, BF16),
 ])
@@ -157,6 +162,7 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", dataclasses.replace(H_TMA_M, step_top_overlap=True), 300, [129, 127, 0, 1]),
     ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 200, [37, 0, 1, 100, 20]),
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
+    ("sm90", H_K_SPLIT, 200, [37, 0, 1, 100, 20]),             # K split among warpgroups
     ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),
     ("sm100", B_SMALL, 200, [-5, 129, 3]),                     # a negative size counts as 0
 ])
@@ -181,6 +187,7 @@ def test_ragged(arch, cfg, m, sizes):
     # masked_m where its first holds rows) or sharing A (one pair of column tiles)
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_m=2), 130, [0, 130, 37, 65], F32),
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_n=2), 130, [0, 130, 37], BF16),
+    ("sm90", dataclasses.replace(H_K_SPLIT, k_step=2), 100, [0, 100, 37], F32),
     ("sm100", B_SMALL, 130, [0, 130, 37], F32),
 ])
 def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):
@@ -263,6 +270,9 @@ def _quantize_1x128_model(x, power_of_two):
     ("sm90", hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m", stages=2, num_sms=2,
                                  epi_tile_n=128, tma_scales=True, cluster_n=2,
                                  producer_registers=72)),
+    # warpgroups splitting K: the first quantises the summed tile
+    ("sm90", hopper.HopperConfig(tile_m=64, tile_n=128, wg_split="k", stages=2, num_sms=2,
+                                 epi_tile_n=128)),
     ("sm100", B_WIDE),                                             # 4 pieces, 2 groups
 ])
 @pytest.mark.parametrize("power_of_two", [False, True])

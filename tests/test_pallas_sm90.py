@@ -50,6 +50,12 @@ WIDE_3 = hopper.HopperConfig(tile_m=64, tile_n=192, wg_split="n", consumers=3, s
 # Split-K: two K ranges per output tile, each writing float32 partials; 16 units
 # of work on 3 CTAs, chained (2 stages divide each split's 2 K blocks).
 SPLIT_K = dataclasses.replace(CHAIN, num_sms=3, split_k=2)
+# K split among the warpgroups (the decode rules' K_SPLIT_DECODE_TILES): each holds the
+# whole 64 x 64 tile and every other K step; the second hands its sums to the first
+# through SMEM, tile after tile (3 CTAs over several tiles each).
+K_SPLIT = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="k", stages=2, num_sms=3,
+                              epi_tile_n=32, scale_product=False, grid_minor="m")
+K_SPLIT_3 = dataclasses.replace(K_SPLIT, consumers=3, stages=3)
 
 
 def _interpret(fn, *args):
@@ -179,6 +185,19 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (136, 400, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=3,
                                         wide_chunks=True, tma_scales=True,
                                         step_top_overlap=True), False, BF16, 1.0, None),
+    # K split among the warpgroups: 3 K blocks (the last partial) of which the first
+    # warpgroup takes 2; two-block steps, the last one's second block past K; three
+    # warpgroups over 8 blocks (3, 3, 2 steps), and over one (two hand over zeros);
+    # 128-row tiles (two chunk rows each); a K split across CTAs as well
+    (70, 200, 300, K_SPLIT, True, F32, 0.5, jnp.float32),
+    (7, 200, 850, dataclasses.replace(K_SPLIT, k_step=2), True, BF16, -1.0, jnp.bfloat16),
+    (130, 100, 1000, K_SPLIT_3, True, BF16, 2.0, jnp.float32),
+    (70, 100, 128, K_SPLIT_3, False, F32, 1.0, None),
+    (130, 100, 1000, dataclasses.replace(K_SPLIT, tile_m=128, stages=4), True, BF16, -1.0,
+     jnp.bfloat16),
+    (7, 100, 1024, dataclasses.replace(K_SPLIT, split_k=2, k_step=2), True, F32, 0.5,
+     jnp.float32),
+    (70, 200, 300, dataclasses.replace(K_SPLIT, tma_scales=True), False, BF16, 1.0, None),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,
@@ -262,7 +281,13 @@ def test_fp8_output_epilogue_divides_by_the_rows_reciprocal(power_of_two):
 
 def test_config_validation():
   with pytest.raises(ValueError, match="wg_split"):
-    hopper.HopperConfig(wg_split="k").check()
+    hopper.HopperConfig(wg_split="x").check()
+  # A K split among the warpgroups: a ring slot always goes to the same one.
+  hopper.HopperConfig(wg_split="k", consumers=3, stages=6).check()
+  for fields in (dict(stages=3), dict(consumers=3, stages=4), dict(a_scale_window=4),
+                 dict(tma_scales=True, step_top_overlap=True)):
+    with pytest.raises(ValueError, match="wg_split='k'"):
+      hopper.HopperConfig(wg_split="k", **fields).check()
   with pytest.raises(ValueError, match="multiple of 64"):
     hopper.HopperConfig(tile_m=64, wg_split="m").check()
   with pytest.raises(ValueError, match="epi_tile_n"):
@@ -454,6 +479,26 @@ def test_gpu_step_top_overlap_changes_no_bit(m, n, k, out_dtype):
       for c in (cfg, dataclasses.replace(cfg, step_top_overlap=False))]
   assert np.isfinite(outs[0]).all()
   np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,consumers,out_dtype,with_c", [
+    (128, 4096, 7168, 2, F32, True), (64, 4096, 7168, 3, BF16, True),
+    (128, 2112, 7168, 3, F32, False), (100, 7000, 7168, 2, BF16, True),
+    (1, 7168, 16384, 2, BF16, False)])
+def test_gpu_k_split_among_warpgroups(m, n, k, consumers, out_dtype, with_c):
+  # The decode rules' tiles whose warpgroups split the K loop (K_SPLIT_DECODE_TILES).
+  c_dtype = F32 if with_c else None
+  cfg = next(c for c in hopper_tiling.candidate_configs(m, n, k, out_dtype=out_dtype,
+                                                        c_dtype=c_dtype)
+             if c.wg_split == "k" and c.consumers == consumers)
+  a, sa, b, sb, c = _gpu_operands(m, n, k, 7, with_c)
+  beta = 0.5 if with_c else 1.0
+  out = jax.jit(lambda *x: hopper.blockwise_fp8_dot(
+      *x, beta=beta, out_dtype=out_dtype, config=cfg))(a, sa, b, sb, c)
+  assert out.shape == (m, n) and np.dtype(out.dtype) == out_dtype
+  err = _gpu_rel_error(out, a, sa, b, sb, c, beta)
+  assert err <= GPU_TOL[out_dtype], f"{m}x{n}x{k} {cfg}: relative error {err:.3e}"
 
 
 @requires_gpu(major=9)

@@ -52,7 +52,7 @@ def _config(spec: str) -> hopper.HopperConfig:
   """A config from tools/tiling_picks.py's short form, e.g.
   "128x64m2 s3 e32 om ks2 sk4 cn2 p72 sep"."""
   tile, *fields = spec.split()
-  tm, tn, split, consumers = re.fullmatch(r"(\d+)x(\d+)([mn])(\d)", tile).groups()
+  tm, tn, split, consumers = re.fullmatch(r"(\d+)x(\d+)([mnk])(\d)", tile).groups()
   cfg = dict(tile_m=int(tm), tile_n=int(tn), wg_split=split, consumers=int(consumers))
   names = {"s": "stages", "e": "epi_tile_n", "ks": "k_step", "sk": "split_k",
            "cm": "cluster_m", "cn": "cluster_n", "p": "producer_registers",
@@ -85,10 +85,15 @@ FROZEN_PICKS = [
     (64, 32768, 512, '', {'64x256n2 s3 e128 om sep': 'bf16',
                           '64x256n2 s3 e64 om sep': 'bf16+cf32 bf16+cbf16 f32',
                           '64x256n2 s3 e32 om sep': 'f32+cf32 f32+cbf16'}),
-    (64, 7168, 16384, '', {'64x64n2 s4 e32 om ks2 sep': '*'}),
-    (64, 4096, 7168, '', {'64x64n2 s4 e32 om ks2 sk2 sep': '*'}),
+    # decode tiles whose warpgroups split K ("k") at K >= 4096 in one wave since
+    # 2026-11-27 15:00 (H100: 1.05-1.14x the K splits across CTAs they replace)
+    (64, 7168, 16384, '', {'64x64k2 s4 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
+                           '64x64k2 s4 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
+    (64, 4096, 7168, '', {'64x32k3 s6 e32 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16 f32 f32+cbf16',
+                          '64x32k3 s9 e32 om sep': 'f32+cf32'}),
     (64, 7168, 2048, '', {'64x64n2 s4 e32 om ks2 sep': '*'}),
-    (128, 2112, 7168, '', {'128x64m2 s3 e32 om ks2 sk4 sep': '*'}),
+    (128, 2112, 7168, '', {'64x32k3 s6 e32 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16 f32 f32+cbf16',
+                           '64x32k3 s9 e32 om sep': 'f32+cf32'}),
     (128, 24576, 1536, '', {'128x64m2 s3 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
                             '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     (128, 32768, 512, '', {'128x256n2 s3 e128 om p72 sep': 'bf16',
@@ -99,7 +104,8 @@ FROZEN_PICKS = [
                             '128x64m2 s3 e64 om ks2 cn2 sep': 'bf16+cf32 bf16+cbf16',
                             '128x64m2 s4 e32 om ks2 cn2 sep': 'f32',
                             '128x64m2 s3 e32 om ks2 cn2 sep': 'f32+cf32 f32+cbf16'}),
-    (128, 4096, 7168, '', {'128x64m2 s3 e32 om ks2 sk2 sep': '*'}),
+    (128, 4096, 7168, '', {'64x64k2 s4 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
+                           '64x64k2 s4 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     (128, 7168, 2048, '', {'128x64m2 s3 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
                            '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1081 -> 1150 TFLOP/s at bf16)
@@ -387,11 +393,24 @@ def test_default_config_rules():
     cfg = hopper_tiling.default_config(m, n, k)
     tiles = pl.cdiv(m, cfg.tile_m) * pl.cdiv(n, cfg.tile_n) * cfg.split_k
     assert 64 <= tiles <= 132, (m, n, k, cfg)
-  # ... by splitting K where it is long: 64-column tiles of all M rows.
-  for m, n, k, split_k in ((64, 2112, 7168, 4), (128, 2112, 7168, 4), (64, 4096, 7168, 2),
-                           (128, 4096, 7168, 2), (1, 2112, 4096, 4)):
+  # ... by splitting K where it is long: among a CTA's warpgroups (no partial outputs)
+  # where such tiles fill one wave, else across CTAs in 64-column tiles of all M rows.
+  for m, n, k, split_k in ((64, 2112, 7168, 4), (1, 2112, 4096, 4)):
     cfg = hopper_tiling.default_config(m, n, k)
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (max(64, m), 64, split_k), (m, n, k, cfg)
+  for m, n, k, tile in ((128, 2112, 7168, (64, 32, 3)), (64, 4096, 7168, (64, 32, 3)),
+                        (128, 4096, 7168, (64, 64, 2)), (64, 7168, 16384, (64, 64, 2))):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.consumers, cfg.wg_split, cfg.split_k) == (
+        *tile, "k", 1), (m, n, k, cfg)
+    assert cfg.stages % cfg.consumers == 0
+  # Not over short K loops (measured slower at K = 2048), several waves or grouped GEMMs.
+  for m, n, k, kw in ((64, 7168, 2048, {}), (128, 7168, 16384, {}),
+                      (64, 4096, 7168, dict(groups=32, grouped=True)),
+                      (64, 4096, 7168, dict(grouped=True, row_masks=True))):
+    assert hopper_tiling.default_config(m, n, k, **kw).wg_split != "k"
+  assert not any(c.wg_split == "k" for c in hopper_tiling.candidate_configs(
+      64, 4096, 7168, groups=32, grouped=True))
   # Decode K loops of >= 12 blocks (and split-K ones) take two blocks per step, in a
   # ring of the same bytes; shorter ones and large M one.
   for m, n, k in ((64, 7168, 2048), (128, 24576, 1536), (128, 7168, 16384), (64, 2112, 7168),
