@@ -64,7 +64,7 @@ DECODE_TILES = {(64, 32, "n", 2): 1.0, (64, 64, "n", 2): 1.0, (64, 128, "n", 2):
 # 0.95-0.99x, at 64x2112x7168 64 x 16 (three) within 1-2%: not taken.
 K_SPLIT_DECODE_TILES = {(64, 64, "k", 2): 0.85, (64, 32, "k", 2): 0.8, (64, 32, "k", 3): 0.7}
 K_SPLIT_MIN_BLOCKS = 32
-DECODE_TILES.update(K_SPLIT_DECODE_TILES)
+DECODE_TILES = {**DECODE_TILES, **K_SPLIT_DECODE_TILES}
 # One 128-byte column of a K block from HBM with every SM streaming (3.35 TB/s
 # over 132 SMs).
 _COLUMN_BLOCK_US = 0.005

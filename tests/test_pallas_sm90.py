@@ -449,10 +449,15 @@ def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
     (4096, 32768, 512, BF16, False), (300, 7000, 1000, BF16, True)])
 def test_gpu_three_consumers(m, n, k, out_dtype, with_c):
   # The autotuning candidate with three consumer warpgroups (192 x 128 tiles).
+  _gpu_check_candidate(m, n, k, out_dtype, with_c, 4, lambda c: c.consumers == 3)
+
+
+def _gpu_check_candidate(m, n, k, out_dtype, with_c, seed, pick):
+  """The first of the shape's candidate configs that pick() takes, against float64."""
   c_dtype = F32 if with_c else None
-  cfg = next(c for c in hopper_tiling.candidate_configs(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
-             if c.consumers == 3)
-  a, sa, b, sb, c = _gpu_operands(m, n, k, 4, with_c)
+  cfg = next(c for c in hopper_tiling.candidate_configs(m, n, k, out_dtype=out_dtype,
+                                                        c_dtype=c_dtype) if pick(c))
+  a, sa, b, sb, c = _gpu_operands(m, n, k, seed, with_c)
   beta = 0.5 if with_c else 1.0
   out = jax.jit(lambda *x: hopper.blockwise_fp8_dot(
       *x, beta=beta, out_dtype=out_dtype, config=cfg))(a, sa, b, sb, c)
@@ -488,17 +493,8 @@ def test_gpu_step_top_overlap_changes_no_bit(m, n, k, out_dtype):
     (1, 7168, 16384, 2, BF16, False)])
 def test_gpu_k_split_among_warpgroups(m, n, k, consumers, out_dtype, with_c):
   # The decode rules' tiles whose warpgroups split the K loop (K_SPLIT_DECODE_TILES).
-  c_dtype = F32 if with_c else None
-  cfg = next(c for c in hopper_tiling.candidate_configs(m, n, k, out_dtype=out_dtype,
-                                                        c_dtype=c_dtype)
-             if c.wg_split == "k" and c.consumers == consumers)
-  a, sa, b, sb, c = _gpu_operands(m, n, k, 7, with_c)
-  beta = 0.5 if with_c else 1.0
-  out = jax.jit(lambda *x: hopper.blockwise_fp8_dot(
-      *x, beta=beta, out_dtype=out_dtype, config=cfg))(a, sa, b, sb, c)
-  assert out.shape == (m, n) and np.dtype(out.dtype) == out_dtype
-  err = _gpu_rel_error(out, a, sa, b, sb, c, beta)
-  assert err <= GPU_TOL[out_dtype], f"{m}x{n}x{k} {cfg}: relative error {err:.3e}"
+  _gpu_check_candidate(m, n, k, out_dtype, with_c, 7,
+                       lambda c: c.wg_split == "k" and c.consumers == consumers)
 
 
 @requires_gpu(major=9)
