@@ -61,9 +61,14 @@ DECODE_TILES = {(64, 32, "n", 2): 1.0, (64, 64, "n", 2): 1.0, (64, 128, "n", 2):
 # 64x4096x7168 64 x 32 1.09-1.10x (two or three warpgroups) over 64 x 64 split
 # in 2, 128x2112x7168 64 x 32 (three) 1.08x over 128 x 64 split in 4,
 # 64x7168x16384 64 x 64 (two) 1.045x over 64 x 64 split by columns; at K = 2048
-# 0.95-0.99x, at 64x2112x7168 64 x 16 (three) within 1-2%: not taken.
-K_SPLIT_DECODE_TILES = {(64, 64, "k", 2): 0.85, (64, 32, "k", 2): 0.8, (64, 32, "k", 3): 0.7}
+# 0.95-0.99x; 64x2112x7168 64 x 16 (three, 9 two-block stages) 1.022-1.052x over
+# 64 x 64 split in 4 (6 stages: 1.007); masked decode fills 0.67-0.75x the rules'
+# 128 x 256 tiles (64-row tiles read a group's weights once per row tile). Their
+# rings are not held to 8 one-block stages (K_SPLIT_RING: the measured depths above).
+K_SPLIT_DECODE_TILES = {(64, 64, "k", 2): 0.85, (64, 32, "k", 2): 0.8, (64, 32, "k", 3): 0.7,
+                        (64, 16, "k", 3): 0.65}
 K_SPLIT_MIN_BLOCKS = 32
+K_SPLIT_RING = 16  # one-block stages at most (RING_BYTES decides for these tiles)
 DECODE_TILES = {**DECODE_TILES, **K_SPLIT_DECODE_TILES}
 # One 128-byte column of a K block from HBM with every SM streaming (3.35 TB/s
 # over 132 SMs).
@@ -268,7 +273,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _one_block_ring(cfg: HopperConfig) -> int:
-  return max(2, min(8, RING_BYTES // ((cfg.tile_m + cfg.tile_n) * K_BLOCK)))
+  most = 8 if cfg.k_stride == 1 else K_SPLIT_RING
+  return max(2, min(most, RING_BYTES // ((cfg.tile_m + cfg.tile_n) * K_BLOCK)))
 
 
 def ring_stages(cfg: HopperConfig) -> int:

@@ -75,11 +75,14 @@ def _grouped_allows(cfg: HopperConfig) -> bool:
 def _fit_stages(cfg: HopperConfig, out_dtype, c_dtype, max_stages: int,
                 exact_rows: bool = False) -> HopperConfig:
   """cfg with the deepest ring up to max_stages (at least 2) that fits in SMEM,
-  narrowing the epilogue stores if even 2 stages do not fit."""
+  narrowing the epilogue stores if even 2 stages do not fit (warpgroups splitting
+  K: a multiple of their count, at least two slots each, so that each has its
+  next step's loads in flight)."""
   cfg = dataclasses.replace(cfg, stages=max_stages)
+  step = cfg.k_stride
   while cfg.smem_bytes(out_dtype, c_dtype, exact_rows) > SMEM_BYTES:
-    if cfg.stages > 2:
-      cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    if cfg.stages - step >= 2 * step:
+      cfg = dataclasses.replace(cfg, stages=cfg.stages - step)
     elif cfg.epi_tile_n > 16:
       cfg = dataclasses.replace(cfg, epi_tile_n=cfg.epi_tile_n // 2)
     else:

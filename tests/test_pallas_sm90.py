@@ -198,6 +198,9 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (7, 100, 1024, dataclasses.replace(K_SPLIT, split_k=2, k_step=2), True, F32, 0.5,
      jnp.float32),
     (70, 200, 300, dataclasses.replace(K_SPLIT, tma_scales=True), False, BF16, 1.0, None),
+    # ... in 64 x 16 tiles (WGMMA n=16, 16-column stores) of three warpgroups
+    (7, 100, 1024, dataclasses.replace(K_SPLIT_3, tile_n=16, epi_tile_n=16, k_step=2), True,
+     BF16, 0.5, jnp.float32),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,
@@ -490,6 +493,7 @@ def test_gpu_step_top_overlap_changes_no_bit(m, n, k, out_dtype):
 @pytest.mark.parametrize("m,n,k,consumers,out_dtype,with_c", [
     (128, 4096, 7168, 2, F32, True), (64, 4096, 7168, 3, BF16, True),
     (128, 2112, 7168, 3, F32, False), (100, 7000, 7168, 2, BF16, True),
+    (64, 2112, 7168, 3, BF16, True),
     (1, 7168, 16384, 2, BF16, False)])
 def test_gpu_k_split_among_warpgroups(m, n, k, consumers, out_dtype, with_c):
   # The decode rules' tiles whose warpgroups split the K loop (K_SPLIT_DECODE_TILES).

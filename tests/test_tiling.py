@@ -79,21 +79,21 @@ def _config(spec: str) -> hopper.HopperConfig:
 # (m, n, k, kind, {picked config: the out/c variants it is picked for ("*": all
 # six of OUT_C; the MoE and training shapes: bf16 or f32 out, no c)}).
 FROZEN_PICKS = [
-    (64, 2112, 7168, '', {'64x64n2 s4 e32 om ks2 sk4 sep': '*'}),
+    # decode tiles whose warpgroups split K ("k") at K >= 4096 in one wave since
+    # 2026-11-27 14:40 (H100: 1.02-1.14x the K splits across CTAs they replace)
+    (64, 2112, 7168, '', {'64x16k3 s9 e16 om ks2 sep': '*'}),
     (64, 24576, 1536, '', {'64x192n3 s2 e64 om ks2 sep': 'bf16 bf16+cbf16',
                            '64x192n3 s2 e32 om ks2 sep': 'bf16+cf32 f32 f32+cf32 f32+cbf16'}),
     (64, 32768, 512, '', {'64x256n2 s3 e128 om sep': 'bf16',
                           '64x256n2 s3 e64 om sep': 'bf16+cf32 bf16+cbf16 f32',
                           '64x256n2 s3 e32 om sep': 'f32+cf32 f32+cbf16'}),
-    # decode tiles whose warpgroups split K ("k") at K >= 4096 in one wave since
-    # 2026-11-27 15:00 (H100: 1.05-1.14x the K splits across CTAs they replace)
     (64, 7168, 16384, '', {'64x64k2 s4 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
                            '64x64k2 s4 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     (64, 4096, 7168, '', {'64x32k3 s6 e32 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16 f32 f32+cbf16',
-                          '64x32k3 s9 e32 om sep': 'f32+cf32'}),
+                          '64x32k3 s6 e16 om ks2 sep': 'f32+cf32'}),
     (64, 7168, 2048, '', {'64x64n2 s4 e32 om ks2 sep': '*'}),
     (128, 2112, 7168, '', {'64x32k3 s6 e32 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16 f32 f32+cbf16',
-                           '64x32k3 s9 e32 om sep': 'f32+cf32'}),
+                           '64x32k3 s6 e16 om ks2 sep': 'f32+cf32'}),
     (128, 24576, 1536, '', {'128x64m2 s3 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
                             '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     (128, 32768, 512, '', {'128x256n2 s3 e128 om p72 sep': 'bf16',
@@ -280,10 +280,18 @@ def test_cost_model_terms():
   assert est(cfg, 128, 24576, 1536) < 3 * est(cfg, 128, 8192, 1536)
   # K splits: estimated only for 64-column tiles of all rows, in one wave, from
   # 32 K blocks; they win there over the unsplit tiles and lose below.
-  split = hopper_tiling.default_config(64, 2112, 4096)
+  split = hopper_tiling.default_config(64, 2112, 16384)
   assert split.split_k == 4 and hopper_tiling.default_config(64, 2112, 2048).split_k == 1
   assert hopper_cost.unmodelled(dataclasses.replace(split, split_k=4), 64, 2112, 3584)
   assert hopper_cost.unmodelled(split, 64, 7168, 4096)  # 448 units: several waves
+  # ... and among a CTA's warpgroups: dense, one wave, from 32 K blocks; its ring a
+  # multiple of the warpgroups, held to RING_BYTES, not to 8 one-block stages.
+  ksplit = hopper_tiling.default_config(64, 2112, 7168)
+  assert (ksplit.wg_split, ksplit.tile_n, ksplit.stages, ksplit.k_step) == ("k", 16, 9, 2)
+  assert hopper_cost.unmodelled(ksplit, 64, 2112, 3584)               # 28 K blocks
+  assert hopper_cost.unmodelled(ksplit, 64, 4224, 7168)               # 264 units
+  assert hopper_cost.unmodelled(ksplit, 64, 2112, 7168, masked=True)
+  assert not hopper_cost.unmodelled(ksplit, 64, 2112, 4096)
   # Pairs sharing A: over long K loops in one wave, not over several waves.
   pair = hopper_tiling.default_config(128, 7168, 16384)
   assert pair.cluster_n == 2 and hopper_cost.unmodelled(pair, 128, 24576, 16384)
@@ -395,10 +403,12 @@ def test_default_config_rules():
     assert 64 <= tiles <= 132, (m, n, k, cfg)
   # ... by splitting K where it is long: among a CTA's warpgroups (no partial outputs)
   # where such tiles fill one wave, else across CTAs in 64-column tiles of all M rows.
-  for m, n, k, split_k in ((64, 2112, 7168, 4), (1, 2112, 4096, 4)):
+  for m, n, k, split_k in ((1, 2112, 16384, 4), (100, 4096, 16384, 2)):
     cfg = hopper_tiling.default_config(m, n, k)
-    assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (max(64, m), 64, split_k), (m, n, k, cfg)
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k) == (64 if m <= 64 else 128, 64, split_k), (
+        m, n, k, cfg)
   for m, n, k, tile in ((128, 2112, 7168, (64, 32, 3)), (64, 4096, 7168, (64, 32, 3)),
+                        (64, 2112, 7168, (64, 16, 3)), (1, 2112, 4096, (64, 16, 3)),
                         (128, 4096, 7168, (64, 64, 2)), (64, 7168, 16384, (64, 64, 2))):
     cfg = hopper_tiling.default_config(m, n, k)
     assert (cfg.tile_m, cfg.tile_n, cfg.consumers, cfg.wg_split, cfg.split_k) == (
