@@ -79,6 +79,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   (FP8 output: and its scales [Go, cols / 128, rows'])."""
   out_gmem = outs[0] if len(outs) == 1 else outs
   consumers, stages, k_step = cfg.consumers, cfg.stages, cfg.k_step
+  storing = cfg.storing_warpgroups  # warpgroups with an epilogue: store buffers, c's ring
   tile_m, tile_n, step_k = cfg.tile_m, cfg.tile_n, K_BLOCK * cfg.k_step
   k_steps = pl.cdiv(prob.k_blocks, k_step)
   window = cfg.window_steps(k_steps)  # K steps per staged a-scale window, or 0
@@ -92,8 +93,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   scratch = dict(
       a_smem=plgpu.SMEM((stages, tile_m, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
       b_smem=plgpu.SMEM((stages, tile_n, step_k), fp8, transforms=tiled(fp8, K_BLOCK)),
-      out_smem=plgpu.SMEM((consumers, cfg.out_slots(glu=bool(prob.glu_rows)), cm, cfg.epi_tile_n), out_dtype,
-                          transforms=tiled(out_dtype, cfg.epi_tile_n)),
+      out_smem=plgpu.SMEM((storing, cfg.out_slots(glu=bool(prob.glu_rows)), cm, cfg.epi_tile_n),
+                          out_dtype, transforms=tiled(out_dtype, cfg.epi_tile_n)),
       # With a K split among the warpgroups each slot is consumed by one of them.
       **ProducerConsumerPipeline.barriers(stages, full_arrivals=full_arrivals,
                                           empty_arrivals=consumers // cfg.k_stride,
@@ -109,15 +110,15 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     if stage_b_scales:
       scratch["b_scales"] = plgpu.SMEM((stages, 1, tile_n), jnp.float32)
   if prob.exact_rows:  # a piece's rows, sliced anywhere by the partial stores
-    scratch["rows_smem"] = plgpu.SMEM((consumers, cm, cfg.epi_tile_n), out_dtype)
+    scratch["rows_smem"] = plgpu.SMEM((storing, cm, cfg.epi_tile_n), out_dtype)
   if window:
     scratch["a_stage"] = plgpu.SMEM((2, window * k_step, tile_m), jnp.float32)
     scratch.update({f"stage_{name}": bar for name, bar in ProducerConsumerPipeline.barriers(
         2, full_arrivals=1, empty_arrivals=consumers).items()})
   if c_gmem is not None:
-    scratch["c_smem"] = plgpu.SMEM((consumers, 2, cm, cfg.epi_tile_n), c_gmem.dtype,
+    scratch["c_smem"] = plgpu.SMEM((storing, 2, cm, cfg.epi_tile_n), c_gmem.dtype,
                                    transforms=tiled(c_gmem.dtype, cfg.epi_tile_n))
-    scratch["c_barrier"] = plgpu.Barrier(num_barriers=2 * consumers)  # [warpgroup * 2 + slot]
+    scratch["c_barrier"] = plgpu.Barrier(num_barriers=2 * storing)  # [warpgroup * 2 + slot]
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
   def _scope(a_smem, b_smem, out_smem, full, empty, c_smem=None, c_barrier=None, a_stage=None,
@@ -221,10 +222,12 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     @pl.when(wg < consumers)
     def _consumer():
       plgpu.set_max_registers(cfg.consumer_registers(), action="increase")
+      # This warpgroup's store buffers and c ring (a K split's first warpgroup's).
+      ew = wg if storing == consumers else i32(0)
       c_ring = None
       if c_gmem is not None:
-        c_ring = PrefetchRing(c_smem.at[wg], c_barrier, first_barrier=wg * 2)
-      stores = OutputStores(out_smem.at[wg], None if rows_smem is None else rows_smem.at[wg])
+        c_ring = PrefetchRing(c_smem.at[ew], c_barrier, first_barrier=ew * 2)
+      stores = OutputStores(out_smem.at[ew], None if rows_smem is None else rows_smem.at[ew])
       warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem, window, a_stage, scale_ring,
                              a_scales, b_scales)
 

@@ -106,6 +106,12 @@ class HopperConfig:
     return self.tile_m, self.tile_n // self.consumers
 
   @property
+  def storing_warpgroups(self) -> int:
+    """Consumer warpgroups with an epilogue (store buffers, c's ring): all, or with
+    a K split among them the first only."""
+    return 1 if self.wg_split == "k" else self.consumers
+
+  @property
   def k_stride(self) -> int:
     """K steps between two of a consumer warpgroup's steps (wg_split "k": each
     takes every consumers-th)."""
@@ -215,10 +221,11 @@ class HopperConfig:
     """exact_rows: the ragged GEMM's row-exact stores (one more store buffer)."""
     out_dtype, c_dtype = kernel_dtypes(self, out_dtype, c_dtype)
     stage = (self.tile_m + self.tile_n) * K_BLOCK * self.k_step
-    epi = (self.consumers * (self.out_slots() + exact_rows) * CHUNK_M * self.epi_tile_n
-           * np.dtype(out_dtype).itemsize)
+    epi = (self.storing_warpgroups * (self.out_slots() + exact_rows) * CHUNK_M
+           * self.epi_tile_n * np.dtype(out_dtype).itemsize)
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
-      epi += self.consumers * 2 * CHUNK_M * self.epi_tile_n * np.dtype(c_dtype).itemsize
+      epi += (self.storing_warpgroups * 2 * CHUNK_M * self.epi_tile_n
+              * np.dtype(c_dtype).itemsize)
     if self.wg_split == "k":  # the other warpgroups' float32 accumulators
       epi += (self.consumers - 1) * self.tile_m * self.tile_n * 4
     staged = 2 * self.a_scale_window * self.k_step * self.tile_m * 4  # at most

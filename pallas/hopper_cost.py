@@ -280,9 +280,12 @@ def _one_block_ring(cfg: HopperConfig) -> int:
 def ring_stages(cfg: HopperConfig) -> int:
   """The ring depth (stages of k_step blocks) of about RING_BYTES for cfg's
   tile, at least 2; warpgroups splitting K take a multiple of their count (a
-  slot always goes to the same one), rounded up."""
+  slot always goes to the same one), rounded up, at least two each."""
   stages = max(2, _one_block_ring(cfg) // cfg.k_step)
-  return _cdiv(stages, cfg.k_stride) * cfg.k_stride
+  if cfg.k_stride == 1:
+    return stages
+  # Two slots a warpgroup at least: its next step's loads in flight.
+  return max(2, _cdiv(stages, cfg.k_stride)) * cfg.k_stride
 
 
 def tile_key(cfg: HopperConfig) -> tuple:

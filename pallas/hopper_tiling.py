@@ -66,6 +66,15 @@ _SHORT_K_BLOCKS_WIDE_TILE = 16
 _FP8_PAIRS_MIN_N = 7168
 
 
+def _fp8_k_split_units(m: int, n: int) -> int:
+  """Tiles of an FP8 output's decode tiling of 64 x 128 tiles whose two warpgroups
+  split K (one-block steps, 6 stages; the two-block form does not fit beside the
+  summing buffer), taken where they fit one wave: 1.24-1.63x the 64 x 256 /
+  128 x 128 tiles at 17-112 tiles (64 / 128 rows x 2112-7168 columns, K
+  2048-16384), 0.95x at 192 (H100, 2026-11-27)."""
+  return pl.cdiv(m, 64) * pl.cdiv(n, 128)
+
+
 def _grouped_allows(cfg: HopperConfig) -> bool:
   """Grouped schedulers take no K splits and no clusters (masked ones can run
   pairs of CTAs: an explicit config only, no faster on our tiles; RESULTS.md)."""
@@ -289,13 +298,19 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
     cfg = next((c for c in cands if not c.wide_chunks and c.piece_n() == SCALE_N
                 and not (narrow_pairs and c.cluster_n > 1)), cfg)
   if cfg.split_k > 1 or cfg.piece_n() != SCALE_N:
-    # The decode tile of 128-column warpgroups: 64 x 256 (two side by side),
-    # or 128 x 128 (one above the other) where M fills 128 rows.
-    shape = (64, 256, "n") if m <= 64 else (128, 128, "m")
-    cfg = HopperConfig(tile_m=shape[0], tile_n=shape[1], wg_split=shape[2],
-                       grid_minor=cfg.grid_minor, scale_product=cfg.scale_product)
-    if m <= hopper_cost.DECODE_MAX_M and hopper_cost.two_block_steps_pay(pl.cdiv(k, K_BLOCK)):
-      cfg = dataclasses.replace(cfg, k_step=2)
+    if m <= hopper_cost.DECODE_MAX_M and _fp8_k_split_units(m, n) <= hopper.num_sms():
+      # 64 x 128 tiles whose two warpgroups split K, where they fit one wave: twice
+      # the CTAs of the tiles below (an FP8 output takes no K split across CTAs).
+      cfg = HopperConfig(tile_m=64, tile_n=128, wg_split="k", grid_minor=cfg.grid_minor,
+                         scale_product=cfg.scale_product)
+    else:
+      # The decode tile of 128-column warpgroups: 64 x 256 (two side by side),
+      # or 128 x 128 (one above the other) where M fills 128 rows.
+      shape = (64, 256, "n") if m <= 64 else (128, 128, "m")
+      cfg = HopperConfig(tile_m=shape[0], tile_n=shape[1], wg_split=shape[2],
+                         grid_minor=cfg.grid_minor, scale_product=cfg.scale_product)
+      if m <= hopper_cost.DECODE_MAX_M and hopper_cost.two_block_steps_pay(pl.cdiv(k, K_BLOCK)):
+        cfg = dataclasses.replace(cfg, k_step=2)
   overlap = hopper_cost.step_top_overlap_pays((cfg.tile_m, cfg.tile_n), cfg.tma_scales,
                                               b_scale_rows=b_scale_rows, plain_output=False)
   cfg = _with_registers(dataclasses.replace(cfg, epi_tile_n=SCALE_N, step_top_overlap=overlap))

@@ -426,7 +426,9 @@ def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
-@pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (300, 7000, 1000)])
+# (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K)
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (300, 7000, 1000), (128, 4096, 7168),
+                                   (64, 2112, 7168)])
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
   """On the tensor cores, the FP8 output's epilogue (its division by the row's reciprocal)

@@ -89,11 +89,9 @@ FROZEN_PICKS = [
                           '64x256n2 s3 e32 om sep': 'f32+cf32 f32+cbf16'}),
     (64, 7168, 16384, '', {'64x64k2 s4 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
                            '64x64k2 s4 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
-    (64, 4096, 7168, '', {'64x32k3 s6 e32 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16 f32 f32+cbf16',
-                          '64x32k3 s6 e16 om ks2 sep': 'f32+cf32'}),
+    (64, 4096, 7168, '', {'64x32k3 s6 e32 om ks2 sep': '*'}),
     (64, 7168, 2048, '', {'64x64n2 s4 e32 om ks2 sep': '*'}),
-    (128, 2112, 7168, '', {'64x32k3 s6 e32 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16 f32 f32+cbf16',
-                           '64x32k3 s6 e16 om ks2 sep': 'f32+cf32'}),
+    (128, 2112, 7168, '', {'64x32k3 s6 e32 om ks2 sep': '*'}),
     (128, 24576, 1536, '', {'128x64m2 s3 e64 om ks2 sep': 'bf16 bf16+cf32 bf16+cbf16',
                             '128x64m2 s3 e32 om ks2 sep': 'f32 f32+cf32 f32+cbf16'}),
     (128, 32768, 512, '', {'128x256n2 s3 e128 om p72 sep': 'bf16',
@@ -376,6 +374,15 @@ def test_default_config_rules():
   fp8_no_pairs = hopper_tiling.fp8_output_config(4096, 4096, 7168)
   assert (fp8_no_pairs.tile_m, fp8_no_pairs.tile_n, fp8_no_pairs.cluster_n) == (128, 256, 1)
   assert hopper_tiling.default_config(4096, 4096, 7168).cluster_n == 2
+  # At decode an FP8 output (no K split across CTAs) takes 64 x 128 tiles whose two
+  # warpgroups split K where they fit one wave; elsewhere 64 x 256 / 128 x 128 tiles.
+  for m, n, k in ((64, 2112, 7168), (128, 4096, 7168), (128, 7168, 2048), (1, 7168, 16384)):
+    fp8 = hopper_tiling.fp8_output_config(m, n, k)
+    assert (fp8.tile_m, fp8.tile_n, fp8.wg_split, fp8.k_step, fp8.stages) == (
+        64, 128, "k", 1, 6), (m, n, k, fp8)
+    assert fp8.piece_n() == fp8.epi_tile_n == 128
+  assert hopper_tiling.fp8_output_config(64, 24576, 1536).tile_n == 256
+  assert hopper_tiling.fp8_output_config(128, 24576, 1536).tile_n == 128
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
   short = hopper_tiling.default_config(4096, 32768, 512)
   assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
