@@ -56,7 +56,8 @@ from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, gate_act
 # kernel_dtypes: also imported from here by earlier revisions' hopper_tiling.py
 # (tools/tiling_picks.py --rev loads them against this tree).
 from jax_fp8.pallas.hopper_config import CHUNK_M, HopperConfig, kernel_dtypes  # noqa: F401
-from jax_fp8.pallas.pipeline import OutputStores, PrefetchRing, ProducerConsumerPipeline, Stage
+from jax_fp8.pallas.pipeline import (OutputStores, PartialSums, PrefetchRing,
+                                     ProducerConsumerPipeline, Stage)
 from jax_fp8.pallas.recipe import zero_unless
 
 i32 = jnp.int32
@@ -230,6 +231,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       stores = OutputStores(out_smem.at[ew], None if rows_smem is None else rows_smem.at[ew])
       warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem, window, a_stage, scale_ring,
                              a_scales, b_scales)
+      partial_sums = PartialSums(k_sum, k_sum_full, k_sum_free) if cfg.k_stride > 1 else None
 
       def tile_body(i, step):
         tile = sched.tile(cta + i * num_ctas, cluster_index)
@@ -261,34 +263,19 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
           return step
         # K split among the warpgroups: the others hand their sums to the first,
         # which stores the tile.
-        @pl.when(wg > 0)
-        def _hand_over():
-          @pl.when(i > 0)
-          def _():
-            plgpu.barrier_wait(k_sum_free)  # the first read the last tile's
-          for p, part in enumerate(acc):
-            k_sum[wg - 1, p] = part
-          plgpu.barrier_arrive(k_sum_full)
+        pl.when(wg > 0)(lambda: partial_sums.hand_over(wg, acc, handed_before=i > 0))
 
         @pl.when(wg == 0)
         def _sum_and_store():
-          plgpu.barrier_wait(k_sum_full)
-          total = list(acc)
-          for w in range(consumers - 1):
-            for p in range(len(total)):
-              total[p] = total[p] + plgpu.load(k_sum.at[w, p], layout=plgpu.Layout.WGMMA,
-                                               optimized=False)
-          plgpu.barrier_arrive(k_sum_free)
+          total = partial_sums.add_to(acc)
           with jax.named_scope("epilogue"):
-            warpgroup.epilogue(tile, tuple(total), out_gmem, stores, c_gmem, c_ring)
+            warpgroup.epilogue(tile, total, out_gmem, stores, c_gmem, c_ring)
         return step
 
       units = sched.local_units(cta, num_ctas)
       lax.fori_loop(i32(0), units, tile_body, i32(0))
       if cfg.k_stride > 1:
-        @pl.when((wg > 0) & (units > 0))
-        def _():
-          plgpu.barrier_wait(k_sum_free)  # the last hand-over read (each phase is waited for)
+        partial_sums.finish(handed_over=(wg > 0) & (units > 0))
       OutputStores.finish()
 
 

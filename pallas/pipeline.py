@@ -325,6 +325,48 @@ class PrefetchRing:
 
 
 @dataclasses.dataclass(frozen=True)
+class PartialSums:
+  """Warpgroups that split a tile's K loop hand their float32 sums to the first,
+  which adds them before its epilogue, tile after tile.
+
+  smem: (others, parts, rows, cols) float32, a slot per other warpgroup; full: one
+  barrier of `others` arrivals ("every sum is there"); free: one barrier of one
+  arrival ("the first has read them"). Each phase of `free` is waited for: by
+  the next tile's hand_over, and after the last tile by `finish`.
+  """
+  smem: Any
+  full: Any
+  free: Any
+
+  def hand_over(self, warpgroup, parts, handed_before):
+    """Warpgroup `warpgroup` (1, 2, ...: slot warpgroup - 1) stores its parts once
+    the first has read its last ones (where it handed over before), and signals."""
+    @pl.when(handed_before)
+    def _():
+      plgpu.barrier_wait(self.free)
+    for p, part in enumerate(parts):
+      self.smem[warpgroup - 1, p] = part
+    plgpu.barrier_arrive(self.full)
+
+  def add_to(self, parts):
+    """parts plus every other warpgroup's sums; frees their slots."""
+    plgpu.barrier_wait(self.full)
+    total = list(parts)
+    for w in range(self.smem.shape[0]):
+      for p in range(len(total)):
+        total[p] = total[p] + plgpu.load(self.smem.at[w, p], layout=plgpu.Layout.WGMMA,
+                                         optimized=False)
+    plgpu.barrier_arrive(self.free)
+    return tuple(total)
+
+  def finish(self, handed_over):
+    """After a warpgroup's last hand_over (if any): waits until it was read."""
+    @pl.when(handed_over)
+    def _():
+      plgpu.barrier_wait(self.free)
+
+
+@dataclasses.dataclass(frozen=True)
 class OutputStores:
   """The epilogue's stores: value -> SMEM slot -> TMA -> GMEM, piece by piece.
 
