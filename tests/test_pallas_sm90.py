@@ -198,6 +198,11 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (7, 100, 1024, dataclasses.replace(K_SPLIT, split_k=2, k_step=2), True, F32, 0.5,
      jnp.float32),
     (70, 200, 300, dataclasses.replace(K_SPLIT, tma_scales=True), False, BF16, 1.0, None),
+    # ... in CTA pairs sharing B (3 row tiles: one CTA runs past M) or A
+    (130, 300, 500, dataclasses.replace(K_SPLIT, num_sms=4, cluster_m=2), True, F32, 0.5,
+     jnp.float32),
+    (130, 300, 500, dataclasses.replace(K_SPLIT, num_sms=4, cluster_n=2), False, BF16, 1.0,
+     None),
     # ... in 64 x 16 tiles (WGMMA n=16, 16-column stores) of three warpgroups
     (7, 100, 1024, dataclasses.replace(K_SPLIT_3, tile_n=16, epi_tile_n=16, k_step=2), True,
      BF16, 0.5, jnp.float32),
