@@ -338,19 +338,23 @@ class PartialSums:
   full: Any
   free: Any
 
+  def wait_full(self):
+    plgpu.barrier_wait(self.full)
+
+  def wait_free(self):
+    plgpu.barrier_wait(self.free)
+
   def hand_over(self, warpgroup, parts, handed_before):
     """Warpgroup `warpgroup` (1, 2, ...: slot warpgroup - 1) stores its parts once
     the first has read its last ones (where it handed over before), and signals."""
-    @pl.when(handed_before)
-    def _():
-      plgpu.barrier_wait(self.free)
+    pl.when(handed_before)(self.wait_free)
     for p, part in enumerate(parts):
       self.smem[warpgroup - 1, p] = part
     plgpu.barrier_arrive(self.full)
 
   def add_to(self, parts):
     """parts plus every other warpgroup's sums; frees their slots."""
-    plgpu.barrier_wait(self.full)
+    self.wait_full()
     total = list(parts)
     for w in range(self.smem.shape[0]):
       for p in range(len(total)):
@@ -361,9 +365,7 @@ class PartialSums:
 
   def finish(self, handed_over):
     """After a warpgroup's last hand_over (if any): waits until it was read."""
-    @pl.when(handed_over)
-    def _():
-      plgpu.barrier_wait(self.free)
+    pl.when(handed_over)(self.wait_free)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from conftest import requires_gpu
 
 import jax_fp8
 from jax_fp8 import testing
-from jax_fp8.pallas import hopper, hopper_tiling
+from jax_fp8.pallas import hopper, hopper_tiling, pipeline
 
 FP8 = jnp.float8_e4m3fn
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
@@ -285,6 +285,16 @@ def test_fp8_output_epilogue_divides_by_the_rows_reciprocal(power_of_two):
       lowering_platforms=("cuda",)).as_text()
   assert "mul.rn.f32" in text
   assert ("fma.rn.f32" in text) == (not power_of_two)
+
+
+@pytest.mark.parametrize("wait", ["wait_full", "wait_free"])
+def test_k_split_hand_over_without_a_wait_is_reported(monkeypatch, wait):
+  """Proof that the K-split tests can fail: the first warpgroup reading the others'
+  sums before they are there, or one of them overwriting its slot before the first
+  read it, breaks the interpreter's barrier checks (or its race detector)."""
+  monkeypatch.setattr(pipeline.PartialSums, wait, lambda self: None)
+  with pytest.raises(Exception, match="phase|race|RACE"):
+    _run_kernel(70, 200, 300, K_SPLIT, with_c=False, out_dtype=F32)
 
 
 def test_config_validation():
