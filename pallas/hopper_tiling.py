@@ -317,6 +317,22 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
   return _fit_stages(cfg, FP8_OUT, c_dtype, max_stages=ring_stages(cfg))
 
 
+def fp8_output_quantized_after(m: int, n: int, k: int, *, b_scale_rows: int = SCALE_N,
+                               num_sms: int | None = None) -> bool:
+  """Whether an FP8 output is better computed as the float32 output of the bf16
+  rules' tiling, then quantised 1x128 by the quantiser kernel (sm90.py), than in
+  the epilogue of fp8_output_config: at decode over long K loops, where the
+  epilogue's tiles (whole 128-column groups, no K split across CTAs) would fill
+  at most hopper_cost.FP8_QUANTIZE_AFTER_MAX_SHARE of the SMs. Either way the
+  float32 sum is quantised by the same arithmetic (pallas/quant_math.py)."""
+  if (m > hopper_cost.DECODE_MAX_M or b_scale_rows != SCALE_N
+      or pl.cdiv(k, K_BLOCK) < hopper_cost.K_SPLIT_MIN_BLOCKS):
+    return False
+  sms = num_sms or hopper.num_sms()
+  fused = fp8_output_config(m, n, k)
+  return hopper_cost.units(fused, m, n) <= sms * hopper_cost.FP8_QUANTIZE_AFTER_MAX_SHARE
+
+
 def glu_config(m: int, f: int, k: int, *, out_dtype) -> HopperConfig:
   """A fused GLU's tiling: 128 x 256 tiles of 128 gate and 128 up columns, the
   two warpgroups one above the other (each holds a gate chunk and its up chunk:

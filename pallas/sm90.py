@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_fp8.pallas import hopper, hopper_tiling
-from jax_fp8.pallas.common import SCALE_N, unsupported_reason
+from jax_fp8.pallas import hopper, hopper_tiling, quantize
+from jax_fp8.pallas.common import FP8_OUT, SCALE_N, unsupported_reason
 
 __all__ = ["blockwise_fp8_dot", "glu", "masked_dot", "ragged_dot", "unsupported_reason"]
 
@@ -14,10 +14,18 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_row
                       power_of_two_scales=False, config: hopper.HopperConfig | None = None):
   """2-D blockwise FP8 matmul on a Hopper GPU (or in GPU interpret mode)."""
   m, k = a.shape
+  n = b.shape[0]
+  if (config is None and np.dtype(out_dtype) == FP8_OUT
+      and hopper_tiling.fp8_output_quantized_after(m, n, k, b_scale_rows=b_scale_rows)):
+    # At decode the fused epilogue's tiles would leave most SMs idle: the float32
+    # result of the bf16 rules' tiling, quantised by the same arithmetic after it.
+    out = blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=np.float32,
+                            b_scale_rows=b_scale_rows)
+    return quantize.quantize_1x128(out, power_of_two_scales=power_of_two_scales)
   c_dtype = None if c is None else np.dtype(c.dtype)
   if c_dtype is not None and c_dtype not in hopper.C_DTYPES:
     c_dtype = np.dtype(np.float32)
-  cfg = config or hopper_tiling.config_for(m, b.shape[0], k, out_dtype=out_dtype,
+  cfg = config or hopper_tiling.config_for(m, n, k, out_dtype=out_dtype,
                                            c_dtype=c_dtype, b_scale_rows=b_scale_rows)
   return hopper.blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=out_dtype,
                                   b_scale_rows=b_scale_rows,

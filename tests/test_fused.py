@@ -110,12 +110,21 @@ def test_gpu_glu_fp8_output_is_its_float32_output_quantised(power_of_two):
   np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q.astype(np.float32))
 
 
-@pytest.mark.parametrize("backend", ["reference", "pallas_sm90", "pallas_sm100"])
+@pytest.mark.parametrize("backend", ["reference", "pallas_sm90", "pallas_sm100",
+                                     "pallas_sm90 quantised after"])
 @pytest.mark.parametrize("power_of_two", [False, True])
-def test_dot_fp8_output_is_its_float32_result_quantised(backend, power_of_two):
+def test_dot_fp8_output_is_its_float32_result_quantised(backend, power_of_two, monkeypatch):
   """blockwise_fp8_dot(..., out_dtype=float8_e4m3fn) -> (q, scale): the float32
-  result (+ beta * c) quantised 1x128 (the decisions' numpy model), bit for bit."""
+  result (+ beta * c) quantised 1x128 (the decisions' numpy model), bit for bit.
+  "quantised after": the Hopper rules' decode path (the float32 output, then the
+  quantiser kernel), taken here at a small shape."""
   from test_quantize_kernels import model_1x128
+  from jax_fp8.pallas import hopper_tiling
+  quantised_after, backend = backend.endswith("quantised after"), backend.split()[0]
+  calls = []
+  if quantised_after:
+    monkeypatch.setattr(hopper_tiling, "fp8_output_quantized_after",
+                        lambda *a, **kw: calls.append(a) or True)
   ops = testing.random_operands(8, 70, 300, 300, with_c=True, batch=(2,))
   call = lambda out_dtype: jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(
       *x, beta=0.5, out_dtype=out_dtype, backend=backend, power_of_two_scales=power_of_two))
@@ -123,6 +132,7 @@ def test_dot_fp8_output_is_its_float32_result_quantised(backend, power_of_two):
     q, s = jax.block_until_ready(call(FP8)(*ops.args()))
     y = jax.block_until_ready(call(jnp.float32)(*ops.args()))
   assert q.dtype == FP8 and q.shape == (2, 70, 300) and s.shape == (2, 70, 3)
+  assert bool(calls) == quantised_after, "the quantise-after path was (not) taken"
   want_q, want_s = model_1x128(np.asarray(y, np.float32).reshape(140, 300), power_of_two)
   np.testing.assert_array_equal(np.asarray(s).reshape(140, 3), want_s)
   np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)).reshape(140, 300),

@@ -464,6 +464,27 @@ def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,with_c", [(64, 2112, 7168, False), (128, 4096, 7168, True),
+                                          (1, 7168, 16384, False)])
+def test_gpu_fp8_output_quantised_after_the_gemm_at_decode(m, n, k, with_c):
+  """Where the rules quantise a decode GEMM's FP8 output after it (the float32 output
+  of the bf16 rules' tiling, then the quantiser kernel), the result is, bit for bit,
+  the numpy model's 1x128 quantisation of the backend's float32 output."""
+  from test_quantize_kernels import model_1x128
+  assert hopper_tiling.fp8_output_quantized_after(m, n, k)
+  a, sa, b, sb, c = _gpu_operands(m, n, k, 6, with_c)
+  beta = 0.5 if with_c else 1.0
+  call = lambda out_dtype: jax.jit(lambda *x: jax_fp8.blockwise_fp8_dot(
+      *x, beta=beta, out_dtype=out_dtype, backend="pallas_sm90"))(a, sa, b, sb, c)
+  q, s = call(FP8)
+  y = np.asarray(call(F32))
+  assert _gpu_rel_error(y, a, sa, b, sb, c, beta) <= GPU_TOL[F32]
+  want_q, want_s = model_1x128(y, False)
+  np.testing.assert_array_equal(np.asarray(s), want_s)
+  np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q.astype(np.float32))
+
+
+@requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
     (4096, 2112, 7168, BF16, False), (4097, 2112, 7168, F32, True),
     (4096, 32768, 512, BF16, False), (300, 7000, 1000, BF16, True)])

@@ -383,6 +383,17 @@ def test_default_config_rules():
     assert fp8.piece_n() == fp8.epi_tile_n == 128
   assert hopper_tiling.fp8_output_config(64, 24576, 1536).tile_n == 256
   assert hopper_tiling.fp8_output_config(128, 24576, 1536).tile_n == 128
+  # ... and where those fill at most half the SMs over >= 32 K blocks, the float32
+  # output of the bf16 rules' tiling is quantised after the GEMM instead (sm90.py).
+  after = lambda m, n, k, **kw: hopper_tiling.fp8_output_quantized_after(m, n, k, num_sms=132,
+                                                                          **kw)
+  for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (128, 4096, 7168),
+                  (64, 7168, 16384), (1, 7168, 18432)):
+    assert after(m, n, k), (m, n, k)
+  for m, n, k in ((128, 7168, 16384), (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536),
+                  (128, 32768, 512), (256, 2112, 7168), (128, 36864, 7168)):
+    assert not after(m, n, k), (m, n, k)
+  assert not after(64, 2112, 7168, b_scale_rows=1)  # measured with 128 x 128 b scales only
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
   short = hopper_tiling.default_config(4096, 32768, 512)
   assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
