@@ -76,6 +76,14 @@ K_SPLIT_RING = 16  # one-block stages at most (RING_BYTES decides for these tile
 # 17-64 such tiles (64 / 128 rows x 2112 / 4096 x 7168, 64x7168x16384), 0.98x at
 # 112 (128x7168x16384), 0.83-0.99x at K = 2048 (H100 2026-11-27).
 FP8_QUANTIZE_AFTER_MAX_SHARE = 0.5
+# A fused GLU's tiles hold 256 weight rows (128 gate, 128 up: its epilogue needs
+# both, and an FP8 output whole 128-column groups), so at decode a DeepSeek-V3 MLP
+# input (2 x 18432 x 7168) runs 144 of them: a second wave of 12 CTAs streaming
+# their weights alone. Up to this M over >= K_SPLIT_MIN_BLOCKS K blocks the gate|up
+# GEMM with the dense rules' tiles (float32 out), then the activation and product
+# in XLA (and the quantiser kernel for an FP8 output), ran 1.28x faster at M = 64;
+# 0.97-0.99x at M = 128-256 (H100 2026-11-27).
+GLU_UNFUSED_MAX_M = 64
 DECODE_TILES = {**DECODE_TILES, **K_SPLIT_DECODE_TILES}
 # One 128-byte column of a K block from HBM with every SM streaming (3.35 TB/s
 # over 132 SMs).

@@ -333,6 +333,15 @@ def fp8_output_quantized_after(m: int, n: int, k: int, *, b_scale_rows: int = SC
   return hopper_cost.units(fused, m, n) <= sms * hopper_cost.FP8_QUANTIZE_AFTER_MAX_SHARE
 
 
+def glu_unfused(m: int, f: int, k: int) -> bool:
+  """Whether a GLU is better run unfused (sm90.py): the gate|up GEMM with the
+  dense rules' tiling and a float32 output, then act(gate) * up in XLA
+  (hopper_cost.GLU_UNFUSED_MAX_M)."""
+  del f
+  return (m <= hopper_cost.GLU_UNFUSED_MAX_M
+          and pl.cdiv(k, K_BLOCK) >= hopper_cost.K_SPLIT_MIN_BLOCKS)
+
+
 def glu_config(m: int, f: int, k: int, *, out_dtype) -> HopperConfig:
   """A fused GLU's tiling: 128 x 256 tiles of 128 gate and 128 up columns, the
   two warpgroups one above the other (each holds a gate chunk and its up chunk:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_fp8.pallas import hopper, hopper_tiling, quantize
-from jax_fp8.pallas.common import FP8_OUT, SCALE_N, unsupported_reason
+from jax_fp8.pallas.common import FP8_OUT, SCALE_N, gate_activation, unsupported_reason
 
 __all__ = ["blockwise_fp8_dot", "glu", "masked_dot", "ragged_dot", "unsupported_reason"]
 
@@ -54,7 +54,16 @@ def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype,
 def glu(a, a_scale, b, b_scale, *, activation: str, out_dtype, power_of_two_scales=False,
         config: hopper.HopperConfig | None = None):
   """A fused GLU, act(a @ gate.T) * (a @ up.T), b [2F, K] = [gate; up] (see hopper.glu)."""
-  cfg = config or hopper_tiling.glu_config(a.shape[0], b.shape[0] // 2, a.shape[1],
-                                           out_dtype=out_dtype)
+  (m, k), f = a.shape, b.shape[0] // 2
+  if config is None and hopper_tiling.glu_unfused(m, f, k):
+    # At decode the fused tiles (256 weight rows each) leave a tail wave: the
+    # gate|up GEMM's float32 result with the dense rules' tiles, then the same
+    # activation in XLA.
+    out = blockwise_fp8_dot(a, a_scale, b, b_scale, None, beta=1.0, out_dtype=np.float32)
+    h = gate_activation(activation, out[:, :f]) * out[:, f:]
+    if np.dtype(out_dtype) == FP8_OUT:
+      return quantize.quantize_1x128(h, power_of_two_scales=power_of_two_scales)
+    return h.astype(out_dtype)
+  cfg = config or hopper_tiling.glu_config(m, f, k, out_dtype=out_dtype)
   return hopper.glu(a, a_scale, b, b_scale, activation=activation, out_dtype=out_dtype,
                     power_of_two_scales=power_of_two_scales, config=cfg)

@@ -82,9 +82,10 @@ def test_explicit_kernel_on_the_cpu_is_unavailable():
 
 
 @requires_gpu(major=9)
-@pytest.mark.parametrize("m", [128, 4096])
+@pytest.mark.parametrize("m", [64, 128, 4096])
 def test_gpu_deepseek_v3_mlp_input(m):
-  """7168 -> 2 x 18432 (gate, up), SiLU, bf16 and FP8 output."""
+  """7168 -> 2 x 18432 (gate, up), SiLU, bf16 and FP8 output (at 64 rows unfused:
+  hopper_tiling.glu_unfused)."""
   ops, gate, up = _operands(7, m, 18432, 7168)
   out = jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(*x, out_dtype=jnp.bfloat16))(
       ops.a, ops.a_scale, ops.b, ops.b_scale)
@@ -106,6 +107,28 @@ def test_gpu_glu_fp8_output_is_its_float32_output_quantised(power_of_two):
       ops.a, ops.a_scale, ops.b, ops.b_scale)
   q, s = call(FP8)
   want_q, want_s = model_1x128(np.asarray(call(jnp.float32)), power_of_two)
+  np.testing.assert_array_equal(np.asarray(s), want_s)
+  np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q.astype(np.float32))
+
+
+def test_glu_unfused_at_decode(monkeypatch):
+  """The Hopper rules' decode path of the GLU (hopper_tiling.glu_unfused: the gate|up
+  GEMM's float32 output, then the activation in XLA and, for an FP8 output, the
+  quantiser kernel), taken here at a small shape in interpret mode: the float64
+  contract, and the FP8 output the float32 output quantised, bit for bit."""
+  from test_quantize_kernels import model_1x128
+  from jax_fp8.pallas import hopper_tiling
+  calls = []
+  monkeypatch.setattr(hopper_tiling, "glu_unfused", lambda *a: calls.append(a) or True)
+  ops, gate, up = _operands(10, 20, 256, 300)
+  call = lambda out_dtype: jax.jit(lambda *x: jax_fp8.blockwise_fp8_glu(
+      *x, activation="gelu", out_dtype=out_dtype, backend="pallas_sm90"))
+  with testing.gpu_interpret_mode(uninitialized_memory="nan"):
+    y = jax.block_until_ready(call(jnp.float32)(ops.a, ops.a_scale, ops.b, ops.b_scale))
+    q, s = jax.block_until_ready(call(FP8)(ops.a, ops.a_scale, ops.b, ops.b_scale))
+  assert len(calls) == 2, "the unfused path was not taken"
+  testing.assert_close(y, ACT["gelu"](gate) * up, jnp.float32)
+  want_q, want_s = model_1x128(np.asarray(y), False)
   np.testing.assert_array_equal(np.asarray(s), want_s)
   np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)), want_q.astype(np.float32))
 

@@ -394,6 +394,12 @@ def test_default_config_rules():
                   (128, 32768, 512), (256, 2112, 7168), (128, 36864, 7168)):
     assert not after(m, n, k), (m, n, k)
   assert not after(64, 2112, 7168, b_scale_rows=1)  # measured with 128 x 128 b scales only
+  # A GLU at decode over long K runs unfused (the gate|up GEMM's tiles fill the
+  # waves where the fused 256-row tiles leave a tail); from 128 rows, or over short
+  # K loops, fused.
+  assert hopper_tiling.glu_unfused(64, 18432, 7168) and hopper_tiling.glu_unfused(1, 2048, 4096)
+  assert not hopper_tiling.glu_unfused(128, 18432, 7168)
+  assert not hopper_tiling.glu_unfused(64, 18432, 2048)
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
   short = hopper_tiling.default_config(4096, 32768, 512)
   assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
