@@ -81,9 +81,10 @@ FP8_QUANTIZE_AFTER_MAX_SHARE = 0.5
 # input (2 x 18432 x 7168) runs 144 of them: a second wave of 12 CTAs streaming
 # their weights alone. Up to this M over >= K_SPLIT_MIN_BLOCKS K blocks the gate|up
 # GEMM with the dense rules' tiles (float32 out), then the activation and product
-# in XLA (and the quantiser kernel for an FP8 output), ran 1.28x faster at M = 64;
-# 0.97-0.99x at M = 128-256 (H100 2026-11-27).
-GLU_UNFUSED_MAX_M = 64
+# in XLA (and the quantiser kernel for an FP8 output), ran 1.25-1.30x faster at
+# M = 1-64, 1.08x (FP8 out) / 1.14x (bf16) at 128 (the dense pairs below), 0.99x /
+# 1.04x at 96, 0.97x at 256 (H100 2026-11-27).
+GLU_UNFUSED_MAX_M = 128
 DECODE_TILES = {**DECODE_TILES, **K_SPLIT_DECODE_TILES}
 # One 128-byte column of a K block from HBM with every SM streaming (3.35 TB/s
 # over 132 SMs).
@@ -281,6 +282,11 @@ _SPLIT_K_REDUCTION_US = 2.0
 # columns of every K block; the pair's cluster costs a fixed time per tile.
 _SHARED_A_COLUMNS = 10
 _CLUSTER_US = 2.8
+# ... and over several waves where K loops are long: 128 x 64 pairs at M = 128,
+# N = 18432-36864, K = 4096-18432 1.02-1.14x over the tiles the rules took before
+# (64 x 64 tiles, two row tiles reading each B tile, or 128 x 64 alone; H100
+# 2026-11-27); at K = 1536-2048 no gain (0.98-0.99x).
+DECODE_PAIRS_MIN_BLOCKS = 32
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -439,10 +445,12 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
     return "a decode tile taller than M"
   if cfg.cluster_m > 1:
     return "pairs sharing B"
-  if cfg.cluster_n > 1 and not (decode and cfg.tile_m == 128 and one_wave) and not paired:
-    return ("pairs sharing A other than 128-row decode tiles in one wave (several: no gain) "
-            f"and large-M {list(PAIRED_LARGE_M_TILES)} tiles with the scales in the ring "
-            f"over >= {PAIRED_MIN_K_BLOCKS} K blocks")
+  decode_pairs = decode and cfg.tile_m == 128 and (
+      one_wave or _cdiv(k, K_BLOCK) >= DECODE_PAIRS_MIN_BLOCKS)
+  if cfg.cluster_n > 1 and not decode_pairs and not paired:
+    return ("pairs sharing A other than 128-row decode tiles in one wave or over >= "
+            f"{DECODE_PAIRS_MIN_BLOCKS} K blocks and large-M {list(PAIRED_LARGE_M_TILES)} "
+            f"tiles with the scales in the ring over >= {PAIRED_MIN_K_BLOCKS} K blocks")
   if cfg.split_k > 1 and not (decode and cfg.tile_n == SPLIT_K_TILE_N and one_wave
                               and cfg.tile_m == max(64, _cdiv(m, 64) * 64)
                               and _cdiv(k, K_BLOCK) >= SPLIT_K_MIN_BLOCKS):

@@ -464,6 +464,15 @@ def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,out_dtype", [(128, 18432, 7168, BF16), (128, 36864, 4096, F32)])
+def test_gpu_decode_pairs_over_several_waves(m, n, k, out_dtype):
+  # 128 x 64 tiles in pairs sharing A, each CTA pair walking several units.
+  cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype)
+  assert (cfg.tile_m, cfg.cluster_n) == (128, 2)
+  _gpu_check(m, n, k, out_dtype, with_c=False, seed=7)
+
+
+@requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k,with_c", [(64, 2112, 7168, False), (128, 4096, 7168, True),
                                           (1, 7168, 16384, False)])
 def test_gpu_fp8_output_quantised_after_the_gemm_at_decode(m, n, k, with_c):

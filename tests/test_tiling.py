@@ -290,9 +290,10 @@ def test_cost_model_terms():
   assert hopper_cost.unmodelled(ksplit, 64, 4224, 7168)               # 264 units
   assert hopper_cost.unmodelled(ksplit, 64, 2112, 7168, masked=True)
   assert not hopper_cost.unmodelled(ksplit, 64, 2112, 4096)
-  # Pairs sharing A: over long K loops in one wave, not over several waves.
+  # Pairs sharing A: in one wave, and over several waves only over >= 32 K blocks.
   pair = hopper_tiling.default_config(128, 7168, 16384)
-  assert pair.cluster_n == 2 and hopper_cost.unmodelled(pair, 128, 24576, 16384)
+  assert pair.cluster_n == 2 and not hopper_cost.unmodelled(pair, 128, 24576, 16384)
+  assert hopper_cost.unmodelled(pair, 128, 24576, 2048)
   assert hopper_tiling.default_config(128, 7168, 7168).cluster_n == 1
   # The 4-deep ring of 128 x 256 tiles with their scales from GMEM: faster than 3
   # stages where it chains over >= 64 K blocks, slower at 56; with the scales in
@@ -398,8 +399,16 @@ def test_default_config_rules():
   # waves where the fused 256-row tiles leave a tail); from 128 rows, or over short
   # K loops, fused.
   assert hopper_tiling.glu_unfused(64, 18432, 7168) and hopper_tiling.glu_unfused(1, 2048, 4096)
-  assert not hopper_tiling.glu_unfused(128, 18432, 7168)
+  assert hopper_tiling.glu_unfused(128, 18432, 7168)
+  assert not hopper_tiling.glu_unfused(256, 18432, 7168)
   assert not hopper_tiling.glu_unfused(64, 18432, 2048)
+  # Decode GEMMs of 128 rows over long K and several waves: 128 x 64 tiles in pairs
+  # sharing A (the gate|up GEMM of a DeepSeek-V3 MLP at 128 tokens among them).
+  for n, k in ((18432, 7168), (36864, 7168), (36864, 4096), (24576, 7168)):
+    pairs = hopper_tiling.default_config(128, n, k)
+    assert (pairs.tile_m, pairs.tile_n, pairs.cluster_n) == (128, 64, 2), (n, k, pairs)
+  assert hopper_tiling.default_config(128, 24576, 1536).cluster_n == 1
+  assert hopper_tiling.default_config(64, 36864, 7168).tile_m == 64
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
   short = hopper_tiling.default_config(4096, 32768, 512)
   assert (short.tile_m, short.consumers, short.stages) == (192, 3, 4)
