@@ -468,6 +468,12 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
     return "a ring past RING_BYTES (measured slower)"
   if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:
     return "64-row three-consumer tiles for M > 64 over several waves (measured slower)"
+  if decode and m % 64 and m > 64 and cfg.tile_m == 64 and cfg.tile_n < 128 and not one_wave:
+    # (65-127 rows x 18432-36864 columns, K = 2048-16384: 64 x 128 tiles 1.03-1.38x
+    # faster than the 64 x 64 ones the model ranked first; at M = 128 1.06x, where
+    # 128 x 64 pairs win; H100 2026-11-27.)
+    return ("64-row tiles narrower than 128 columns over several waves where M leaves "
+            "the second row tile partial (measured slower)")
   if cfg.wg_split == "k" and not (decode and one_wave and cfg.split_k == 1 and not masked
                                   and not row_masks and _cdiv(k, K_BLOCK) >= K_SPLIT_MIN_BLOCKS):
     return ("a K split among the warpgroups other than dense decode tiles in one wave over "

@@ -408,6 +408,12 @@ def test_default_config_rules():
     pairs = hopper_tiling.default_config(128, n, k)
     assert (pairs.tile_m, pairs.tile_n, pairs.cluster_n) == (128, 64, 2), (n, k, pairs)
   assert hopper_tiling.default_config(128, 24576, 1536).cluster_n == 1
+  # Between 64 and 128 rows (a partial second row tile), over several waves: 64-row
+  # tiles of 128 columns, not 64.
+  for m in (65, 96, 127):
+    part = hopper_tiling.default_config(m, 36864, 7168)
+    assert (part.tile_m, part.tile_n) == (64, 128), (m, part)
+  assert hopper_tiling.default_config(64, 36864, 7168).tile_n == 64
   assert hopper_tiling.default_config(64, 36864, 7168).tile_m == 64
   # Short K loops at large M: chained 192 x 128 tiles, the ring as deep as the loop.
   short = hopper_tiling.default_config(4096, 32768, 512)
