@@ -473,6 +473,14 @@ def test_gpu_decode_pairs_over_several_waves(m, n, k, out_dtype):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,with_c", [(96, 36864, 7168, False), (65, 18432, 2048, True)])
+def test_gpu_decode_partial_second_row_tile(m, n, k, with_c):
+  # 64 x 128 tiles over several waves, the second row tile partial.
+  assert hopper_tiling.default_config(m, n, k).tile_n == 128
+  _gpu_check(m, n, k, BF16, with_c=with_c, seed=8)
+
+
+@requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k,with_c", [(64, 2112, 7168, False), (128, 4096, 7168, True),
                                           (1, 7168, 16384, False)])
 def test_gpu_fp8_output_quantised_after_the_gemm_at_decode(m, n, k, with_c):
