@@ -82,8 +82,9 @@ FP8_QUANTIZE_AFTER_MAX_SHARE = 0.5
 # their weights alone. Up to this M over >= K_SPLIT_MIN_BLOCKS K blocks the gate|up
 # GEMM with the dense rules' tiles (float32 out), then the activation and product
 # in XLA (and the quantiser kernel for an FP8 output), ran 1.25-1.30x faster at
-# M = 1-64, 1.08x (FP8 out) / 1.14x (bf16) at 128 (the dense pairs below), 0.99x /
-# 1.04x at 96, 0.97x at 256 (H100 2026-11-27).
+# M = 1-64, 1.10x (FP8 out) / 1.16x (bf16) at 96 and 1.08x / 1.14x at 128 (with the
+# dense decode tiles of `unmodelled` and the pairs below), 0.97x at 256 (H100
+# 2026-11-27).
 GLU_UNFUSED_MAX_M = 128
 DECODE_TILES = {**DECODE_TILES, **K_SPLIT_DECODE_TILES}
 # One 128-byte column of a K block from HBM with every SM streaming (3.35 TB/s
