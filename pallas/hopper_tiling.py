@@ -14,6 +14,9 @@ The candidates of a shape, in the cost model's order (the default first):
   GEMMs also 256 x 128 tiles in pairs sharing A (hopper_cost.PAIRED_LARGE_M_TILES).
 - what autotuning also tries (the model has no measurement for it, so it is
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
+- at decode over long K, where the fused epilogues' tiles would leave SMs idle,
+  sm90.py runs an FP8 output (fp8_output_quantized_after) or a GLU (glu_unfused)
+  as the float32 output of the dense rules' tiling, finished after the GEMM.
 Every candidate is completed the same way: the scales brought by the ring's TMA
 from M = 2048 outside masked groups (hopper_cost.tma_scales_pay), with them the
 step top overlapped (hopper_cost.step_top_overlap_pays), the widest
