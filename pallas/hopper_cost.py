@@ -72,7 +72,7 @@ K_SPLIT_RING = 16  # one-block stages at most (RING_BYTES decides for these tile
 # An FP8 output at decode over >= K_SPLIT_MIN_BLOCKS K blocks whose fused tiling
 # (hopper_tiling.fp8_output_config: 64 x 128 tiles splitting K among their
 # warpgroups) fills at most this share of the SMs is the float32 output of the
-# bf16 rules' tiling quantised by the quantiser kernel after it: 1.06-1.30x at
+# bf16 rules' tiling quantised by the quantiser kernel after it: 1.07-1.31x at
 # 17-64 such tiles (64 / 128 rows x 2112 / 4096 x 7168, 64x7168x16384), 0.98x at
 # 112 (128x7168x16384), 0.83-0.99x at K = 2048 (H100 2026-11-27).
 FP8_QUANTIZE_AFTER_MAX_SHARE = 0.5
