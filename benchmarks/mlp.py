@@ -3,7 +3,7 @@
 
     y = (silu(x Wg) * (x Wu)) Wd,   x [T, 7168], 7168 -> 2 x 18432 -> 7168
 
-Cases (--cases): deepseek_v3 (tokens 128, 1024, 4096, 16384; default on a GPU),
+Cases (--cases): deepseek_v3 (tokens 64, 128, 1024, 4096, 16384; default on a GPU),
 small (the CPU smoke test; default there), or a comma list of tokens (e.g. 4096).
 
 Contenders (--backends, comma list):

@@ -28,7 +28,7 @@ from harness.registry import Contender, Registry
 from workloads import common
 
 HIDDEN, FFN = 7168, 18432
-TOKENS = (128, 1024, 4096, 16384)
+TOKENS = (64, 128, 1024, 4096, 16384)
 SMALL = ((64, 256, 384), (200, 256, 384))   # (tokens, hidden, ffn) for the CPU smoke test
 # Must match jax_fp8.blockwise_fp8_glu's documented order of b's rows; a mismatch
 # shows as a failed check of the fused contenders.
