@@ -102,6 +102,27 @@ _CHAINED_DECODE_FIXED_COLUMNS = 16
 # which leaves the 128 x 256 tile its ties.
 LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
                  (192, 128, "m", 3): 0.95, (128, 192, "m", 2): 0.98, (64, 128, "n", 2): 0.8}
+# Between decode and large M, narrow N leaves the large-M tiles few: 256x2112x7168 has
+# 68 64 x 128 tiles or 34 of 128 x 128 for 132 SMs. Dense GEMMs of the 128 x 128
+# recipe with M <= MID_M_MAX, a multiple of the tile's rows (a partial last row tile's
+# TMA boxes of A ran 1.25-1.5x slower on these narrow tiles), over >= K_SPLIT_MIN_BLOCKS
+# K blocks, take narrow tiles that fill one wave -> (their fields, efficiency relative
+# to 128 x 256 at full waves, fitted to one wave over 56 K blocks): 64 x 64 tiles
+# whose two warpgroups split K (two-block steps, 6 stages) 1.78-1.80x at 192 / 256 x
+# 2112 x 7168 (99 / 132 tiles); 128 x 64 in two-block steps 1.15x at 256x4096x7168,
+# 1.19x at 384x2112x7168, 1.49x at 512x2112x7168; 256 x 64 (two 64 x 64 chunks a
+# warpgroup) 1.11x at 1024x2112x7168. Over several waves they lost (0.55-0.98x at
+# 192-1024 rows; H100 2026-11-27).
+# In that one wave 64 x 128 tiles split by columns (one 64 x 64 WGMMA a warpgroup and
+# step) ran at 0.58 of 128 x 256's efficiency, not the 0.8 of full waves: 20.8-22.4 us
+# at 51-128 tiles over 56 K blocks (192 / 256 / 384 rows x 2112 / 4096 columns).
+MID_M_MAX = 1024
+MID_M_ONE_WAVE_64X128 = 0.58
+MID_M_FORMS = {
+    (64, 64, "k", 2): (dict(k_step=2, stages=6, scale_product=False), 0.495),
+    (128, 64, "m", 2): (dict(k_step=2, stages=4), 0.62),
+    (256, 64, "m", 2): (dict(stages=4), 0.80),
+}
 # Pairs of CTAs sharing their A tile by multicast (cluster_n=2) at large M:
 # 256 x 128 tiles split by rows (each warpgroup two 64 x 128 chunks, as in
 # DeepGEMM's kernels) -> efficiency relative to 128 x 256 at full waves, where
@@ -336,6 +357,20 @@ def paired_large_m(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
           and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
 
 
+def _mid_m(m: int, k: int, table: dict) -> bool:
+  """Whether a problem lies between decode and large M (MID_M_FORMS)."""
+  return (DECODE_MAX_M < m <= MID_M_MAX and table is LARGE_M_TILES
+          and _cdiv(k, K_BLOCK) >= K_SPLIT_MIN_BLOCKS)
+
+
+def mid_m_form(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
+  """Whether cfg is one of the MID_M_FORMS where they are modelled (one wave aside)."""
+  form = MID_M_FORMS.get(tile_key(cfg))
+  return (form is not None and _mid_m(m, k, table) and m % cfg.tile_m == 0
+          and cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
+          and cfg.k_step == form[0].get("k_step", 1))
+
+
 def units(cfg: HopperConfig, m: int, n: int, groups: int = 1) -> int:
   """Units of work of the persistent grid: clusters of tiles x K splits x groups."""
   return (_cdiv(_cdiv(m, cfg.tile_m), cfg.cluster_m)
@@ -440,6 +475,12 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
   table = DECODE_TILES if decode else large_m_tiles(k, b_scale_rows=b_scale_rows,
                                                     row_masks=row_masks, masked=masked)
   paired = paired_large_m(cfg, m, k, table)
+  if not decode and tile_key(cfg) in MID_M_FORMS:
+    if not (mid_m_form(cfg, m, k, table) and one_wave):
+      return (f"{list(MID_M_FORMS)} tiles other than in one wave of a dense GEMM of "
+              f"{DECODE_MAX_M} < M <= {MID_M_MAX} rows, a multiple of the tile's, over >= "
+              f"{K_SPLIT_MIN_BLOCKS} K blocks in their measured forms")
+    return None
   if tile_key(cfg) not in table and not paired:
     return "a tile shape without a measurement for this problem"
   if decode and cfg.split_k == 1 and cfg.tile_m > max(64, m):
@@ -505,10 +546,16 @@ def _decode_unit_us(cfg, m, k, chained, table) -> float:
   return columns * _k_loop_blocks(cfg, k) * _COLUMN_BLOCK_US + cluster_us
 
 
-def _large_m_unit_us(cfg, m, k, chained, table) -> float:
+def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
   area = cfg.tile_m * cfg.tile_n / (128 * 256)  # in 128 x 256 tiles
   paired = paired_large_m(cfg, m, k, table)
-  efficiency = (PAIRED_LARGE_M_TILES if paired else table)[tile_key(cfg)]
+  mid = mid_m_form(cfg, m, k, table)
+  if mid:
+    efficiency = MID_M_FORMS[tile_key(cfg)][1]
+  elif one_wave and tile_key(cfg) == (64, 128, "n", 2) and _mid_m(m, k, table):
+    efficiency = MID_M_ONE_WAVE_64X128
+  else:
+    efficiency = (PAIRED_LARGE_M_TILES if paired else table)[tile_key(cfg)]
   block_us = area / efficiency * _TILE_BLOCK_US
   loop = _k_loop_blocks(cfg, k)
   fixed = _LARGE_M_FIXED_BLOCKS
@@ -518,7 +565,7 @@ def _large_m_unit_us(cfg, m, k, chained, table) -> float:
     fixed /= 2
   elif _per_row_deep_ring(cfg, table is PER_ROW_B_TILES):
     loop *= _PER_ROW_RING_GAIN
-  elif _past_ring_bytes(cfg) and not (
+  elif _past_ring_bytes(cfg) and not mid and not (
       (table is MASKED_TILES or table is LARGE_M_TILES) and deeper_ring(cfg)):
     loop *= _L1_LOSS
   return block_us * (loop + fixed)
@@ -560,9 +607,11 @@ def _masked_time_us(cfg: HopperConfig, rows: list[int], n: int, k: int, num_sms:
 def _time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int, num_sms: int,
              table: dict) -> float:
   chained = chains_tiles(cfg, m, n, k, groups, num_sms)
-  unit = _decode_unit_us if m <= DECODE_MAX_M else _large_m_unit_us
   waves = _cdiv(units(cfg, m, n, groups), grid(cfg, m, n, groups, num_sms))
-  time = waves * unit(cfg, m, k, chained, table)
+  if m <= DECODE_MAX_M:
+    time = waves * _decode_unit_us(cfg, m, k, chained, table)
+  else:
+    time = waves * _large_m_unit_us(cfg, m, k, chained, table, one_wave=waves == 1)
   if cfg.split_k > 1:
     time += _SPLIT_K_REDUCTION_US
   # Rounded to 0.1 ns: equal estimates compare equal (the first candidate wins).

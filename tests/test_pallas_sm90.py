@@ -18,7 +18,7 @@ from conftest import requires_gpu
 
 import jax_fp8
 from jax_fp8 import testing
-from jax_fp8.pallas import hopper, hopper_tiling, pipeline
+from jax_fp8.pallas import hopper, hopper_cost, hopper_tiling, pipeline
 
 FP8 = jnp.float8_e4m3fn
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
@@ -206,6 +206,16 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     # ... in 64 x 16 tiles (WGMMA n=16, 16-column stores) of three warpgroups
     (7, 100, 1024, dataclasses.replace(K_SPLIT_3, tile_n=16, epi_tile_n=16, k_step=2), True,
      BF16, 0.5, jnp.float32),
+    # the narrow tiles of one wave between decode and large M (MID_M_FORMS): 64 x 64
+    # tiles splitting K in two-block steps on a 6-slot ring (3 slots a warpgroup, the
+    # ring running on across 2 tiles a CTA); 128 x 64 tiles split by rows in two-block
+    # steps; 256 x 64 tiles (two 64-row chunks a warpgroup, the second row tile partial)
+    (130, 100, 850, dataclasses.replace(K_SPLIT, k_step=2, stages=6), True, F32, 0.5,
+     jnp.float32),
+    (256, 200, 850, dataclasses.replace(SPLIT_M, tile_n=64, k_step=2, stages=4, num_sms=3),
+     False, BF16, 1.0, None),
+    (300, 130, 900, dataclasses.replace(SPLIT_M, tile_m=256, tile_n=64, stages=4), True,
+     BF16, -1.0, jnp.bfloat16),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,
@@ -554,6 +564,19 @@ def test_gpu_k_split_among_warpgroups(m, n, k, consumers, out_dtype, with_c):
   # The decode rules' tiles whose warpgroups split the K loop (K_SPLIT_DECODE_TILES).
   _gpu_check_candidate(m, n, k, out_dtype, with_c, 7,
                        lambda c: c.wg_split == "k" and c.consumers == consumers)
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
+    (256, 2112, 7168, BF16, False), (192, 1536, 4096, F32, True),
+    (512, 2112, 7168, F32, True), (256, 4096, 7168, BF16, True),
+    (1024, 2112, 7168, BF16, False), (1024, 2112, 4096, F32, True)])
+def test_gpu_mid_m_narrow_tiles(m, n, k, out_dtype, with_c):
+  # The rules' narrow tiles of one wave between decode and large M (MID_M_FORMS).
+  c_dtype = F32 if with_c else None
+  cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+  assert hopper_cost.tile_key(cfg) in hopper_cost.MID_M_FORMS, cfg
+  _gpu_check(m, n, k, out_dtype, with_c=with_c, seed=9)
 
 
 @requires_gpu(major=9)

@@ -238,7 +238,8 @@ def test_candidates_build_fit_and_say_why_unmodelled():
       cfg.check()
       assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper_tiling.SMEM_BYTES, (m, n, k, cfg)
       assert m > 64 or cfg.tile_m == 64  # decode never wastes a 128-row tile
-      assert cfg.scale_product == (m > hopper_cost.DECODE_MAX_M)
+      # (Tiles whose warpgroups split K multiply the scales at promotion, as at decode.)
+      assert cfg.scale_product == (m > hopper_cost.DECODE_MAX_M and cfg.wg_split != "k")
       problem = dict(b_scale_rows=kw.get("b_scale_rows", 128),
                      row_masks=kw.get("row_masks", False))
       why = hopper_cost.unmodelled(cfg, m, n, k, kw.get("groups", 1), **problem)
@@ -500,6 +501,47 @@ def test_default_config_rules():
         cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
         cfg.check()
         assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper_tiling.SMEM_BYTES
+
+
+def test_mid_m_narrow_tiles():
+  """Between decode and large M (dense, 128 x 128 recipe, K >= 4096), where the large-M
+  tiles would leave many SMs idle, narrow tiles that fill one wave (MID_M_FORMS;
+  measured 1.10-1.95x faster at 192-1024 rows x 576-4096 columns)."""
+  def tile(cfg):
+    return cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.k_step, cfg.stages
+  for m, n, k, want in (
+      (192, 2112, 7168, (64, 64, "k", 2, 6)), (256, 2112, 7168, (64, 64, "k", 2, 6)),
+      (512, 1024, 4096, (64, 64, "k", 2, 6)), (256, 2112, 16384, (64, 64, "k", 2, 6)),
+      (256, 4096, 7168, (128, 64, "m", 2, 4)), (384, 2112, 7168, (128, 64, "m", 2, 4)),
+      (512, 2112, 7168, (128, 64, "m", 2, 4)), (1024, 2112, 7168, (256, 64, "m", 1, 4))):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert tile(cfg) == want, (m, n, k, cfg)
+    assert hopper_cost.units(cfg, m, n) <= 132 and cfg.split_k == 1, (m, n, k, cfg)
+    assert cfg.scale_product == (cfg.wg_split != "k")
+    # With a float32 output and residual the ring is what fits beside them.
+    f32 = hopper_tiling.default_config(m, n, k, out_dtype=F32, c_dtype=F32)
+    assert tile(f32)[:4] == want[:4] and f32.smem_bytes(F32, F32) <= hopper_tiling.SMEM_BYTES
+  # Not where M leaves a partial row tile (192 rows of 128-row tiles; 200 rows), over
+  # several waves, short K loops, past MID_M_MAX, or in grouped and per-row-b GEMMs.
+  forms = tuple(hopper_cost.MID_M_FORMS)
+  for m, n, k, kw in ((192, 4096, 7168, {}), (200, 2112, 7168, {}), (1000, 2112, 7168, {}),
+                      (512, 4096, 7168, {}), (1024, 4096, 7168, {}), (256, 7168, 2048, {}),
+                      (256, 2112, 2048, {}), (2048, 2112, 7168, {}), (4096, 2112, 7168, {}),
+                      (256, 2112, 7168, dict(b_scale_rows=1)),
+                      (256, 2112, 7168, dict(grouped=True, row_masks=True)),
+                      (256, 2112, 7168, dict(groups=4, grouped=True))):
+    cfg = hopper_tiling.default_config(m, n, k, **kw)
+    assert hopper_cost.tile_key(cfg) not in forms, (m, n, k, kw, cfg)
+  # Over two waves a form has no estimate (autotuning may still time it).
+  two_waves = dataclasses.replace(hopper_tiling.default_config(256, 2112, 7168), num_sms=100)
+  assert "one wave" in hopper_cost.unmodelled(two_waves, 256, 2112, 7168)
+  assert hopper_cost.estimated_time_us(two_waves, 256, 2112, 7168) == math.inf
+  # In that one wave, 64 x 128 tiles split by columns count at their measured
+  # efficiency there: 128 x 64 tiles of two-block steps take 256x4096x7168's 128 tiles.
+  narrow = hopper_tiling.candidate_configs(256, 4096, 7168)
+  best = lambda key: min(hopper_cost.estimated_time_us(c, 256, 4096, 7168)
+                        for c in narrow if hopper_cost.tile_key(c) == key)
+  assert best((128, 64, "m", 2)) < best((64, 128, "n", 2)) < math.inf
 
 
 def test_cost_model_chain_rule():
