@@ -104,23 +104,31 @@ LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
                  (192, 128, "m", 3): 0.95, (128, 192, "m", 2): 0.98, (64, 128, "n", 2): 0.8}
 # Between decode and large M, narrow N leaves the large-M tiles few: 256x2112x7168 has
 # 68 64 x 128 tiles or 34 of 128 x 128 for 132 SMs. Dense GEMMs of the 128 x 128
-# recipe with M <= MID_M_MAX, a multiple of the tile's rows (a partial last row tile's
-# TMA boxes of A ran 1.25-1.5x slower on these narrow tiles), over >= K_SPLIT_MIN_BLOCKS
-# K blocks, take narrow tiles that fill one wave -> (their fields, efficiency relative
-# to 128 x 256 at full waves, fitted to one wave over 56 K blocks): 64 x 64 tiles
-# whose two warpgroups split K (two-block steps, 6 stages) 1.78-1.80x at 192 / 256 x
-# 2112 x 7168 (99 / 132 tiles); 128 x 64 in two-block steps 1.15x at 256x4096x7168,
-# 1.19x at 384x2112x7168, 1.49x at 512x2112x7168; 256 x 64 (two 64 x 64 chunks a
-# warpgroup) 1.11x at 1024x2112x7168. Over several waves they lost (0.55-0.98x at
-# 192-1024 rows; H100 2026-11-27).
+# recipe with M <= MID_M_MAX over >= K_SPLIT_MIN_BLOCKS K blocks take narrow tiles
+# that fill one wave -> (their fields, efficiency relative to 128 x 256 at full waves,
+# fitted to one wave over 56 K blocks): 64 x 64 tiles whose two warpgroups split K
+# (two-block steps, 6 stages) 1.78-1.80x at 192 / 256 x 2112 x 7168 (99 / 132 tiles);
+# 128 x 64 in two-block steps 1.15x at 256x4096x7168, 1.19x at 384x2112x7168, 1.49x at
+# 512x2112x7168; 256 x 64 (two 64 x 64 chunks a warpgroup) 1.11x at 1024x2112x7168.
+# Over several waves they lost (0.55-0.98x at 192-1024 rows; H100 2026-11-27).
+MID_M_MAX = 1024
+# Where M leaves the last row tile partial, the 64 x 64 tiles splitting K ran 1.3-1.75x
+# their time at whole row tiles (190 / 200 x 2112 x 7168, 700x576x7168), still
+# 1.24-1.58x the picks before them; 128 x 64 and 256 x 64 0.83-1.13x: those take
+# whole row tiles only.
+MID_M_PARTIAL_ROWS_COST = 1.75
 # In that one wave 64 x 128 tiles split by columns (one 64 x 64 WGMMA a warpgroup and
 # step) ran at 0.58 of 128 x 256's efficiency, not the 0.8 of full waves: 20.8-22.4 us
 # at 51-128 tiles over 56 K blocks (192 / 256 / 384 rows x 2112 / 4096 columns).
-MID_M_MAX = 1024
 MID_M_ONE_WAVE_64X128 = 0.58
+# In one wave, warpgroups of one chunk also take the decode tiles' K loop (two-block
+# steps, the scales multiplied at promotion): 128 x 128 tiles 1.14-1.22x the large-M
+# form (384x4096x7168, 768x2112x7168, 256x7168x16384, 512x4096x16384), and 128 x 64
+# tiles 1.05-1.08x with the scales apart (256 x 64, two chunks a warpgroup: 0.90x).
 MID_M_FORMS = {
     (64, 64, "k", 2): (dict(k_step=2, stages=6, scale_product=False), 0.495),
-    (128, 64, "m", 2): (dict(k_step=2, stages=4), 0.62),
+    (128, 64, "m", 2): (dict(k_step=2, stages=4, scale_product=False), 0.665),
+    (128, 128, "m", 2): (dict(k_step=2, stages=3, scale_product=False), 0.96),
     (256, 64, "m", 2): (dict(stages=4), 0.80),
 }
 # Pairs of CTAs sharing their A tile by multicast (cluster_n=2) at large M:
@@ -363,12 +371,19 @@ def _mid_m(m: int, k: int, table: dict) -> bool:
           and _cdiv(k, K_BLOCK) >= K_SPLIT_MIN_BLOCKS)
 
 
+def in_mid_m_form(cfg: HopperConfig) -> bool:
+  """Whether cfg has the tile and K loop of one of the MID_M_FORMS (a 128 x 128 tile
+  of one-block steps is the large-M form)."""
+  form = MID_M_FORMS.get(tile_key(cfg))
+  return form is not None and (cfg.k_step, cfg.scale_product) == (
+      form[0].get("k_step", 1), form[0].get("scale_product", True))
+
+
 def mid_m_form(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
   """Whether cfg is one of the MID_M_FORMS where they are modelled (one wave aside)."""
-  form = MID_M_FORMS.get(tile_key(cfg))
-  return (form is not None and _mid_m(m, k, table) and m % cfg.tile_m == 0
-          and cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
-          and cfg.k_step == form[0].get("k_step", 1))
+  return (in_mid_m_form(cfg) and _mid_m(m, k, table)
+          and (m % cfg.tile_m == 0 or cfg.wg_split == "k")
+          and cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1)
 
 
 def units(cfg: HopperConfig, m: int, n: int, groups: int = 1) -> int:
@@ -475,7 +490,7 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
   table = DECODE_TILES if decode else large_m_tiles(k, b_scale_rows=b_scale_rows,
                                                     row_masks=row_masks, masked=masked)
   paired = paired_large_m(cfg, m, k, table)
-  if not decode and tile_key(cfg) in MID_M_FORMS:
+  if not decode and in_mid_m_form(cfg):
     if not (mid_m_form(cfg, m, k, table) and one_wave):
       return (f"{list(MID_M_FORMS)} tiles other than in one wave of a dense GEMM of "
               f"{DECODE_MAX_M} < M <= {MID_M_MAX} rows, a multiple of the tile's, over >= "
@@ -552,6 +567,8 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
   mid = mid_m_form(cfg, m, k, table)
   if mid:
     efficiency = MID_M_FORMS[tile_key(cfg)][1]
+    if m % cfg.tile_m:
+      efficiency /= MID_M_PARTIAL_ROWS_COST
   elif one_wave and tile_key(cfg) == (64, 128, "n", 2) and _mid_m(m, k, table):
     efficiency = MID_M_ONE_WAVE_64X128
   else:

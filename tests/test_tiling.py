@@ -238,8 +238,12 @@ def test_candidates_build_fit_and_say_why_unmodelled():
       cfg.check()
       assert cfg.smem_bytes(out_dtype, c_dtype) <= hopper_tiling.SMEM_BYTES, (m, n, k, cfg)
       assert m > 64 or cfg.tile_m == 64  # decode never wastes a 128-row tile
-      # (Tiles whose warpgroups split K multiply the scales at promotion, as at decode.)
-      assert cfg.scale_product == (m > hopper_cost.DECODE_MAX_M and cfg.wg_split != "k")
+      # Decode multiplies the scales at promotion, and so do the narrow one-chunk
+      # tiles of one wave between decode and large M; large M carries their product.
+      if m <= hopper_cost.DECODE_MAX_M:
+        assert not cfg.scale_product
+      elif not hopper_cost.in_mid_m_form(cfg):
+        assert cfg.scale_product
       problem = dict(b_scale_rows=kw.get("b_scale_rows", 128),
                      row_masks=kw.get("row_masks", False))
       why = hopper_cost.unmodelled(cfg, m, n, k, kw.get("groups", 1), **problem)
@@ -505,37 +509,54 @@ def test_default_config_rules():
 
 def test_mid_m_narrow_tiles():
   """Between decode and large M (dense, 128 x 128 recipe, K >= 4096), where the large-M
-  tiles would leave many SMs idle, narrow tiles that fill one wave (MID_M_FORMS;
-  measured 1.10-1.95x faster at 192-1024 rows x 576-4096 columns)."""
+  tiles would leave many SMs idle, narrow tiles that fill one wave, with the decode
+  tiles' K loop where a warpgroup holds one chunk (MID_M_FORMS; measured 1.10-1.95x at
+  192-1024 rows x 576-7168 columns)."""
   def tile(cfg):
-    return cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.k_step, cfg.stages
+    return cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.k_step, cfg.stages, cfg.scale_product
   for m, n, k, want in (
-      (192, 2112, 7168, (64, 64, "k", 2, 6)), (256, 2112, 7168, (64, 64, "k", 2, 6)),
-      (512, 1024, 4096, (64, 64, "k", 2, 6)), (256, 2112, 16384, (64, 64, "k", 2, 6)),
-      (256, 4096, 7168, (128, 64, "m", 2, 4)), (384, 2112, 7168, (128, 64, "m", 2, 4)),
-      (512, 2112, 7168, (128, 64, "m", 2, 4)), (1024, 2112, 7168, (256, 64, "m", 1, 4))):
+      (192, 2112, 7168, (64, 64, "k", 2, 6, False)), (256, 2112, 7168, (64, 64, "k", 2, 6, False)),
+      (512, 1024, 4096, (64, 64, "k", 2, 6, False)), (256, 2112, 16384, (64, 64, "k", 2, 6, False)),
+      (256, 4096, 7168, (128, 64, "m", 2, 4, False)), (384, 2112, 7168, (128, 64, "m", 2, 4, False)),
+      (512, 2112, 7168, (128, 64, "m", 2, 4, False)),
+      (384, 4096, 7168, (128, 128, "m", 2, 3, False)), (768, 2112, 7168, (128, 128, "m", 2, 3, False)),
+      (256, 7168, 16384, (128, 128, "m", 2, 3, False)), (512, 4096, 7168, (128, 128, "m", 2, 3, False)),
+      (1024, 2112, 7168, (256, 64, "m", 1, 4, True))):
     cfg = hopper_tiling.default_config(m, n, k)
     assert tile(cfg) == want, (m, n, k, cfg)
+    assert hopper_cost.in_mid_m_form(cfg)
     assert hopper_cost.units(cfg, m, n) <= 132 and cfg.split_k == 1, (m, n, k, cfg)
-    assert cfg.scale_product == (cfg.wg_split != "k")
     # With a float32 output and residual the ring is what fits beside them.
     f32 = hopper_tiling.default_config(m, n, k, out_dtype=F32, c_dtype=F32)
     assert tile(f32)[:4] == want[:4] and f32.smem_bytes(F32, F32) <= hopper_tiling.SMEM_BYTES
-  # Not where M leaves a partial row tile (192 rows of 128-row tiles; 200 rows), over
-  # several waves, short K loops, past MID_M_MAX, or in grouped and per-row-b GEMMs.
-  forms = tuple(hopper_cost.MID_M_FORMS)
-  for m, n, k, kw in ((192, 4096, 7168, {}), (200, 2112, 7168, {}), (1000, 2112, 7168, {}),
-                      (512, 4096, 7168, {}), (1024, 4096, 7168, {}), (256, 7168, 2048, {}),
+  # Where M leaves the last row tile partial, only the 64 x 64 tiles splitting K, at a
+  # cost (their partial row tile's CTAs are the slow ones).
+  for m, n, k in ((200, 2112, 7168), (129, 576, 7168), (700, 576, 7168)):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert tile(cfg) == (64, 64, "k", 2, 6, False), (m, n, k, cfg)
+    aligned = -(-m // 64) * 64  # the same tiles, the last one whole
+    assert hopper_cost.estimated_time_us(cfg, m, n, k) == pytest.approx(
+        hopper_cost.MID_M_PARTIAL_ROWS_COST * hopper_cost.estimated_time_us(
+            cfg, aligned, n, k), rel=0.01)
+  # Not 128- or 256-row forms over a partial row tile (192 / 1000 rows), nor over several
+  # waves, short K loops, past MID_M_MAX, or in grouped and per-row-b GEMMs.
+  for m, n, k, kw in ((192, 4096, 7168, {}), (1000, 2112, 7168, {}), (300, 2112, 7168, {}),
+                      (1024, 4096, 7168, {}), (256, 7168, 2048, {}), (512, 7168, 7168, {}),
                       (256, 2112, 2048, {}), (2048, 2112, 7168, {}), (4096, 2112, 7168, {}),
                       (256, 2112, 7168, dict(b_scale_rows=1)),
                       (256, 2112, 7168, dict(grouped=True, row_masks=True)),
                       (256, 2112, 7168, dict(groups=4, grouped=True))):
     cfg = hopper_tiling.default_config(m, n, k, **kw)
-    assert hopper_cost.tile_key(cfg) not in forms, (m, n, k, kw, cfg)
-  # Over two waves a form has no estimate (autotuning may still time it).
+    assert not hopper_cost.in_mid_m_form(cfg), (m, n, k, kw, cfg)
+  # Over two waves a form has no estimate (autotuning may still time it); the large-M
+  # form of the same tile keeps its own.
   two_waves = dataclasses.replace(hopper_tiling.default_config(256, 2112, 7168), num_sms=100)
   assert "one wave" in hopper_cost.unmodelled(two_waves, 256, 2112, 7168)
   assert hopper_cost.estimated_time_us(two_waves, 256, 2112, 7168) == math.inf
+  large = hopper_tiling.default_config(768, 4096, 7168)
+  assert (large.tile_m, large.k_step, large.scale_product) == (128, 1, True)
+  assert hopper_cost.unmodelled(dataclasses.replace(large, tile_n=128, wg_split="m"),
+                                768, 4096, 7168) is None
   # In that one wave, 64 x 128 tiles split by columns count at their measured
   # efficiency there: 128 x 64 tiles of two-block steps take 256x4096x7168's 128 tiles.
   narrow = hopper_tiling.candidate_configs(256, 4096, 7168)
