@@ -492,9 +492,9 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
   paired = paired_large_m(cfg, m, k, table)
   if not decode and in_mid_m_form(cfg):
     if not (mid_m_form(cfg, m, k, table) and one_wave):
-      return (f"{list(MID_M_FORMS)} tiles other than in one wave of a dense GEMM of "
-              f"{DECODE_MAX_M} < M <= {MID_M_MAX} rows, a multiple of the tile's, over >= "
-              f"{K_SPLIT_MIN_BLOCKS} K blocks in their measured forms")
+      return (f"{list(MID_M_FORMS)} tiles other than in their measured forms in one wave "
+              f"of a dense GEMM of {DECODE_MAX_M} < M <= {MID_M_MAX} rows over >= "
+              f"{K_SPLIT_MIN_BLOCKS} K blocks (whole row tiles but for the 64 x 64 form)")
     return None
   if tile_key(cfg) not in table and not paired:
     return "a tile shape without a measurement for this problem"

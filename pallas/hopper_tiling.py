@@ -11,7 +11,8 @@ The candidates of a shape, in the cost model's order (the default first):
 - larger M: the problem's tile table (hopper_cost.large_m_tiles: dense, ragged
   groups, masked groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
   4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks); dense
-  GEMMs also 256 x 128 tiles in pairs sharing A (hopper_cost.PAIRED_LARGE_M_TILES).
+  GEMMs also 256 x 128 tiles in pairs sharing A (hopper_cost.PAIRED_LARGE_M_TILES),
+  and up to M = 1024 narrow tiles that fill one wave (hopper_cost.MID_M_FORMS).
 - what autotuning also tries (the model has no measurement for it, so it is
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
 - at decode over long K, where the fused epilogues' tiles would leave SMs idle,
