@@ -15,7 +15,7 @@ Warp roles (one CTA per SM, persistent; every role walks the scheduler itself):
   WGMMAs and its epilogue. With `tma_scales` (the rules' choice from M = 2048)
   a slot also holds its K block's a-scales (a_scale transposed to [kb, M]) and
   per-row b scales, brought by the same TMA barrier.
-- `consumer` (2 or 3 warpgroups, each a (wm, wn) part of the tile, or, with
+- `consumer` (1-3 warpgroups, each a (wm, wn) part of the tile, or, with
   wg_split "k", the whole tile over every consumers-th K step, the first
   warpgroup summing the others' accumulators through SMEM before its epilogue):
   `consumer_k_step` issues one WGMMA per 128-deep K block into a fresh

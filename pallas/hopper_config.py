@@ -21,7 +21,7 @@ MIN_PIECE_N = 32       # ... at least (a tile of 160 columns: 32, as its offsets
 class HopperConfig:
   """Tiling of one CTA.
 
-  tile_m x tile_n: the CTA's output tile. The `consumers` (2 or 3) consumer
+  tile_m x tile_n: the CTA's output tile. The `consumers` (1, 2 or 3) consumer
   warpgroups split it along `wg_split` ("m": each takes tile_m/consumers rows;
   "n": each takes tile_n/consumers columns; "k": each takes the whole tile and
   every consumers-th K step, the ring's slots dealt out in turn, and the first
@@ -142,8 +142,9 @@ class HopperConfig:
       raise ValueError(f"wg_split must be 'm', 'n' or 'k', got {self.wg_split!r}")
     if self.grid_minor not in ("m", "n"):
       raise ValueError(f"grid_minor must be 'm' or 'n', got {self.grid_minor!r}")
-    if self.consumers not in (2, 3):
-      raise ValueError(f"consumers must be 2 or 3, got {self.consumers}")
+    if self.consumers not in (1, 2, 3) or (self.wg_split == "k" and self.consumers == 1):
+      raise ValueError(f"consumers must be 1, 2 or 3 (2 or 3 to split K), got "
+                       f"{self.consumers} with wg_split={self.wg_split!r}")
     wm, wn = self.wg_tile()
     split_dim = self.tile_m if self.wg_split == "m" else self.tile_n
     if self.wg_split != "k" and split_dim % self.consumers:

@@ -219,6 +219,19 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
                                         scale_product=False), True, F32, 0.5, jnp.bfloat16),
     (300, 130, 900, dataclasses.replace(SPLIT_M, tile_m=256, tile_n=64, stages=4), True,
      BF16, -1.0, jnp.bfloat16),
+    # one consumer warpgroup holding the whole tile (DeepGEMM's pick between decode and
+    # large M where N is narrow; an explicit config, no rule takes it): 64 x 128 over
+    # chained tiles, in two-block steps, 128 x 64 (two chunks), 64 x 96 (a wide chunk
+    # promoted in 32-column parts: the second tile straddles two b-scale blocks)
+    (130, 300, 850, dataclasses.replace(SMALL, consumers=1, stages=4, num_sms=3,
+                                        scale_product=False), True, F32, 0.5, jnp.float32),
+    (200, 200, 850, dataclasses.replace(SMALL, consumers=1, num_sms=3, k_step=2,
+                                        scale_product=False), False, BF16, 1.0, None),
+    (200, 200, 600, dataclasses.replace(SPLIT_M, tile_n=64, consumers=1, stages=3), True,
+     BF16, -1.0, jnp.bfloat16),
+    (130, 200, 600, dataclasses.replace(SMALL, tile_n=96, consumers=1, stages=3,
+                                        wide_chunks=True, epi_tile_n=32, scale_product=False),
+     True, F32, 0.5, jnp.float32),
     # the decode form in B-sharing pairs (an autotuning candidate for 64 < M <= 128):
     # the two 64-row tiles (the second partial) of 4 column tiles, 2 clusters, chained
     (100, 200, 850, dataclasses.replace(SMALL, tile_n=64, epi_tile_n=32, k_step=2, num_sms=4,
@@ -325,6 +338,10 @@ def test_config_validation():
     hopper.HopperConfig(epi_tile_n=96).check()
   with pytest.raises(ValueError, match="consumers"):
     hopper.HopperConfig(consumers=4).check()
+  # One consumer warpgroup holds the whole tile; it cannot split K with itself.
+  hopper.HopperConfig(tile_m=64, tile_n=128, consumers=1).check()
+  with pytest.raises(ValueError, match="consumers"):
+    hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="k", consumers=1).check()
   with pytest.raises(ValueError, match="divide among 3"):
     hopper.HopperConfig(tile_m=128, wg_split="m", consumers=3).check()
   with pytest.raises(ValueError, match="not both"):
