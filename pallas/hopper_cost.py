@@ -69,13 +69,16 @@ K_SPLIT_DECODE_TILES = {(64, 64, "k", 2): 0.85, (64, 32, "k", 2): 0.8, (64, 32, 
                         (64, 16, "k", 3): 0.65}
 K_SPLIT_MIN_BLOCKS = 32
 K_SPLIT_RING = 16  # one-block stages at most (RING_BYTES decides for these tiles)
-# An FP8 output at decode over >= K_SPLIT_MIN_BLOCKS K blocks whose fused tiling
-# (hopper_tiling.fp8_output_config: 64 x 128 tiles splitting K among their
-# warpgroups) fills at most this share of the SMs is the float32 output of the
-# bf16 rules' tiling quantised by the quantiser kernel after it: 1.07-1.31x at
-# 17-64 such tiles (64 / 128 rows x 2112 / 4096 x 7168, 64x7168x16384), 0.98x at
-# 112 (128x7168x16384), 0.83-0.99x at K = 2048 (H100 2026-11-27).
-FP8_QUANTIZE_AFTER_MAX_SHARE = 0.5
+# An FP8 output of at most MID_M_MAX rows over >= K_SPLIT_MIN_BLOCKS K blocks whose
+# fused tiling (hopper_tiling.fp8_output_config: at decode 64 x 128 tiles splitting K
+# among their warpgroups, above it 128 x 128) fills its waves' CTAs to at most this
+# share is the float32 output of the bf16 rules' tiling quantised by the quantiser
+# kernel after it: 1.07-1.31x at 17-64 such tiles at decode (64 / 128 rows x 2112 /
+# 4096 x 7168, 64x7168x16384), 1.20-1.62x at 34-68 tiles of 200-512 rows x 2112 /
+# 4096 x 7168 and at 1024x2112x7168 (136 tiles: two waves half full), 1.02x at
+# 128x18432x7168 (144); fuller waves 0.73-1.09x (85-128 tiles of 256-1024 rows,
+# 128x7168x16384), 0.83-0.99x at K = 2048 (H100 2026-11-27).
+FP8_QUANTIZE_AFTER_MAX_FILL = 0.55
 # A fused GLU's tiles hold 256 weight rows (128 gate, 128 up: its epilogue needs
 # both, and an FP8 output whole 128-column groups), so at decode a DeepSeek-V3 MLP
 # input (2 x 18432 x 7168) runs 144 of them: a second wave of 12 CTAs streaming
@@ -143,6 +146,13 @@ PAIRED_MIN_K_BLOCKS = 24
 # ... with a ring of at least this many stages: where a float32 c's ring leaves
 # SMEM for 2, the pairs ran 0.7-2.8% behind 128 x 256 tiles (of 2 stages too).
 PAIRED_MIN_STAGES = 3
+# From MID_M_MAX rows to TMA_SCALES_MIN_M, the 256 x 128 tiles alone (not in pairs),
+# their scales in the ring and their step top overlapped, over >= PAIRED_MIN_K_BLOCKS
+# K blocks and a ring of >= PAIRED_MIN_STAGES -> efficiency relative to 128 x 256 (scales
+# from GMEM): at the same waves +5.0-8.0% at 1024 / 1792 rows x 4096-7168 columns x
+# K = 7168-16384 (in pairs 1-2 points less); -1.1 / +1.7% at K = 2048, 0.86-0.97x at
+# K = 512-1536 (H100 2026-11-27).
+SCALED_RING_TILES = {(256, 128, "m", 2): 1.06}
 # Ragged groups: 128 x 192 split by rows (one wide chunk per warpgroup) is the
 # fastest over long K loops (128 x 256 split by columns, spill-free since a
 # unit runs at most one K pass behind a branch, is 3-8% behind there); over
@@ -365,6 +375,14 @@ def paired_large_m(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
           and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
 
 
+def scaled_ring_tile(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
+  """Whether cfg is a modelled SCALED_RING_TILES tile (MID_M_MAX <= M < TMA_SCALES_MIN_M)."""
+  return (MID_M_MAX <= m < TMA_SCALES_MIN_M and table is LARGE_M_TILES
+          and tile_key(cfg) in SCALED_RING_TILES and cfg.tma_scales and cfg.step_top_overlap
+          and cfg.cluster_m == cfg.cluster_n == cfg.split_k == cfg.k_step == 1
+          and cfg.stages >= PAIRED_MIN_STAGES and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
+
+
 def _mid_m(m: int, k: int, table: dict) -> bool:
   """Whether a problem lies between decode and large M (MID_M_FORMS)."""
   return (DECODE_MAX_M < m <= MID_M_MAX and table is LARGE_M_TILES
@@ -496,7 +514,7 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
               f"of a dense GEMM of {DECODE_MAX_M} < M <= {MID_M_MAX} rows over >= "
               f"{K_SPLIT_MIN_BLOCKS} K blocks (whole row tiles but for the 64 x 64 form)")
     return None
-  if tile_key(cfg) not in table and not paired:
+  if tile_key(cfg) not in table and not (paired or scaled_ring_tile(cfg, m, k, table)):
     return "a tile shape without a measurement for this problem"
   if decode and cfg.split_k == 1 and cfg.tile_m > max(64, m):
     return "a decode tile taller than M"
@@ -571,6 +589,8 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
       efficiency /= MID_M_PARTIAL_ROWS_COST
   elif one_wave and tile_key(cfg) == (64, 128, "n", 2) and _mid_m(m, k, table):
     efficiency = MID_M_ONE_WAVE_64X128
+  elif scaled_ring_tile(cfg, m, k, table):
+    efficiency = SCALED_RING_TILES[tile_key(cfg)]
   else:
     efficiency = (PAIRED_LARGE_M_TILES if paired else table)[tile_key(cfg)]
   block_us = area / efficiency * _TILE_BLOCK_US

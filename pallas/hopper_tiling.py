@@ -12,14 +12,18 @@ The candidates of a shape, in the cost model's order (the default first):
   groups, masked groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
   4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks); dense
   GEMMs also 256 x 128 tiles in pairs sharing A (hopper_cost.PAIRED_LARGE_M_TILES),
-  and up to M = 1024 narrow tiles that fill one wave (hopper_cost.MID_M_FORMS).
+  up to M = 1024 narrow tiles that fill one wave (hopper_cost.MID_M_FORMS), and from
+  there to M = 2048 256 x 128 tiles with the scales in the ring
+  (hopper_cost.SCALED_RING_TILES).
 - what autotuning also tries (the model has no measurement for it, so it is
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
-- at decode over long K, where the fused epilogues' tiles would leave SMs idle,
-  sm90.py runs an FP8 output (fp8_output_quantized_after) or a GLU (glu_unfused)
+- up to M = 1024 (an FP8 output) or at decode (a GLU) over long K, where the fused
+  epilogues' tiles would leave SMs idle, sm90.py runs an FP8 output
+  (fp8_output_quantized_after) or a GLU (glu_unfused)
   as the float32 output of the dense rules' tiling, finished after the GEMM.
 Every candidate is completed the same way: the scales brought by the ring's TMA
-from M = 2048 outside masked groups (hopper_cost.tma_scales_pay), with them the
+from M = 2048 outside masked groups (hopper_cost.tma_scales_pay; where a form does
+not say), with them the
 step top overlapped (hopper_cost.step_top_overlap_pays), the widest
 epilogue store, the producer's registers, the ring fitted into SMEM. Grouped
 schedulers take no K splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
@@ -173,6 +177,9 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
       for t in hopper_cost.PAIRED_LARGE_M_TILES:  # pairs sharing A
         yield t, dict(base, cluster_n=2), 0
+      if hopper_cost.MID_M_MAX <= m < hopper_cost.TMA_SCALES_MIN_M:
+        for t in hopper_cost.SCALED_RING_TILES:  # the scales in the ring below its M
+          yield t, dict(base, tma_scales=True), 0
     for t in tiles:
       if hopper_cost.takes_deeper_ring(t, row_masks=row_masks, b_scale_rows=b_scale_rows):
         for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
@@ -224,7 +231,10 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
   for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
                                                           row_masks=row_masks, masked=masked):
     wide = (tm, tn, split, consumers) in hopper_cost.WIDE_TILES
-    tma = hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1))
+    fields = dict(fields)
+    tma = fields.pop("tma_scales", None)
+    if tma is None:
+      tma = hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1))
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                        wide_chunks=wide, tma_scales=tma,
                        step_top_overlap=hopper_cost.step_top_overlap_pays(
@@ -328,16 +338,18 @@ def fp8_output_quantized_after(m: int, n: int, k: int, *, b_scale_rows: int = SC
                                num_sms: int | None = None) -> bool:
   """Whether an FP8 output is better computed as the float32 output of the bf16
   rules' tiling, then quantised 1x128 by the quantiser kernel (sm90.py), than in
-  the epilogue of fp8_output_config: at decode over long K loops, where the
-  epilogue's tiles (whole 128-column groups, no K split across CTAs) would fill
-  at most hopper_cost.FP8_QUANTIZE_AFTER_MAX_SHARE of the SMs. Either way the
-  float32 sum is quantised by the same arithmetic (pallas/quant_math.py)."""
-  if (m > hopper_cost.DECODE_MAX_M or b_scale_rows != SCALE_N
+  the epilogue of fp8_output_config: up to hopper_cost.MID_M_MAX rows over long K
+  loops, where the epilogue's tiles (whole 128-column groups, no K split across
+  CTAs) would fill their waves' CTAs to at most
+  hopper_cost.FP8_QUANTIZE_AFTER_MAX_FILL. Either way the float32 sum is quantised
+  by the same arithmetic (pallas/quant_math.py)."""
+  if (m > hopper_cost.MID_M_MAX or b_scale_rows != SCALE_N
       or pl.cdiv(k, K_BLOCK) < hopper_cost.K_SPLIT_MIN_BLOCKS):
     return False
   sms = num_sms or hopper.num_sms()
-  fused = fp8_output_config(m, n, k)
-  return hopper_cost.units(fused, m, n) <= sms * hopper_cost.FP8_QUANTIZE_AFTER_MAX_SHARE
+  units = hopper_cost.units(fp8_output_config(m, n, k), m, n)
+  waves = pl.cdiv(units, sms)
+  return units <= waves * sms * hopper_cost.FP8_QUANTIZE_AFTER_MAX_FILL
 
 
 def glu_unfused(m: int, f: int, k: int) -> bool:

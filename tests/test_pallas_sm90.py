@@ -176,6 +176,12 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
                                         stages=2, num_sms=4, cluster_n=2, tma_scales=True,
                                         producer_registers=72, step_top_overlap=True), True,
      BF16, -1.0, jnp.bfloat16),
+    # ... alone (SCALED_RING_TILES, 1024-2047 rows), over a partial row tile, with a
+    # float32 residual
+    (300, 330, 850, dataclasses.replace(DEFAULT_LARGE, tile_m=256, tile_n=128, wg_split="m",
+                                        stages=3, num_sms=3, tma_scales=True,
+                                        producer_registers=72, step_top_overlap=True), True,
+     F32, 0.5, jnp.float32),
     # ... on 128 x 256 tiles side by side (two chunks per warpgroup, the rules' short-K
     # tiling at large M), with a residual
     (200, 330, 850, dataclasses.replace(DEFAULT_LARGE, stages=2, num_sms=3, tma_scales=True,
@@ -471,9 +477,10 @@ def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
-# (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K)
+# (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K;
+# 1024 x 7168 x 7168: 256 x 128 tiles alone, the scales in the ring)
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (300, 7000, 1000), (128, 4096, 7168),
-                                   (64, 2112, 7168)])
+                                   (64, 2112, 7168), (1024, 7168, 7168)])
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
   """On the tensor cores, the FP8 output's epilogue (its division by the row's reciprocal)
@@ -512,9 +519,10 @@ def test_gpu_decode_partial_second_row_tile(m, n, k, with_c):
 
 @requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k,with_c", [(64, 2112, 7168, False), (128, 4096, 7168, True),
-                                          (1, 7168, 16384, False)])
-def test_gpu_fp8_output_quantised_after_the_gemm_at_decode(m, n, k, with_c):
-  """Where the rules quantise a decode GEMM's FP8 output after it (the float32 output
+                                          (1, 7168, 16384, False), (512, 2112, 7168, True),
+                                          (1024, 2112, 7168, False)])
+def test_gpu_fp8_output_quantised_after_the_gemm(m, n, k, with_c):
+  """Where the rules quantise an FP8 output after the GEMM (the float32 output
   of the bf16 rules' tiling, then the quantiser kernel), the result is, bit for bit,
   the numpy model's 1x128 quantisation of the backend's float32 output."""
   from test_quantize_kernels import model_1x128
@@ -600,6 +608,21 @@ def test_gpu_mid_m_narrow_tiles(m, n, k, out_dtype, with_c):
   cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
   assert hopper_cost.in_mid_m_form(cfg), cfg
   _gpu_check(m, n, k, out_dtype, with_c=with_c, seed=9)
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,out_dtype,with_c,default", [
+    (1024, 4096, 7168, BF16, False, True), (1792, 2112, 7168, BF16, False, True),
+    (1280, 18432, 4096, F32, False, True), (1100, 4096, 7168, F32, True, False)])
+def test_gpu_scaled_ring_tiles(m, n, k, out_dtype, with_c, default):
+  # 256 x 128 tiles alone with the scales in the ring between MID_M_MAX and
+  # TMA_SCALES_MIN_M rows (SCALED_RING_TILES), the rules' pick, or the candidate over a
+  # partial row tile with a residual.
+  scaled = lambda cfg: hopper_cost.scaled_ring_tile(cfg, m, k, hopper_cost.LARGE_M_TILES)
+  c_dtype = F32 if with_c else None
+  assert scaled(hopper_tiling.default_config(m, n, k, out_dtype=out_dtype,
+                                             c_dtype=c_dtype)) == default
+  _gpu_check_candidate(m, n, k, out_dtype, with_c, 10, scaled)
 
 
 @requires_gpu(major=9)

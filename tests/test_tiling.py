@@ -311,7 +311,7 @@ def test_cost_model_terms():
   deep = dataclasses.replace(three, stages=4)
   assert est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
   assert est(deep, 4096, 4096, 7168) > est(three, 4096, 4096, 7168)
-  assert hopper_tiling.default_config(1024, 32768, 16384).stages == 4  # (no tma_scales)
+  assert hopper_tiling.default_config(768, 32768, 16384).stages == 4  # (no tma_scales)
   # Per-row b scales in the ring: 128 x 128 tiles 5 deep (past RING_BYTES); 4 with
   # the scales from GMEM.
   per_row = hopper_tiling.default_config(7168, 18432, 4096, b_scale_rows=1)
@@ -354,12 +354,14 @@ def test_default_config_rules():
   assert hopper_tiling.default_config(64, 7168, 2048).producer_registers == 40
   # Long K loops, scales from GMEM (M < 2048): a 4-deep ring that divides the K
   # blocks, chained; not at K=7168.
-  long_k = hopper_tiling.default_config(1024, 32768, 16384)
-  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 1024, 32768, 16384)
-  assert hopper_tiling.default_config(1024, 32768, 7168).stages == 3
-  # From M = 2048 (not masked, one-block steps) every slot's scales come by TMA.
+  long_k = hopper_tiling.default_config(768, 32768, 16384)
+  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 768, 32768, 16384)
+  assert hopper_tiling.default_config(768, 32768, 7168).stages == 3
+  # From M = 2048 (not masked, one-block steps) every slot's scales come by TMA; below,
+  # only the 256 x 128 tiles from M = 1024 (SCALED_RING_TILES, test_scaled_ring_tiles).
   assert hopper_tiling.default_config(2048, 4096, 7168).tma_scales
-  assert not hopper_tiling.default_config(1024, 4096, 7168).tma_scales
+  assert not hopper_tiling.default_config(768, 32768, 7168).tma_scales
+  assert not hopper_tiling.default_config(1024, 7168, 2048).tma_scales
   assert not hopper_tiling.default_config(4096, 4096, 7168, groups=2, grouped=True).tma_scales
   assert hopper_tiling.default_config(4096, 4096, 7168, grouped=True, row_masks=True).tma_scales
   # Narrow N at large M: 128 x 192 tiles of one wide 64 x 192 WGMMA chunk per
@@ -389,15 +391,19 @@ def test_default_config_rules():
     assert fp8.piece_n() == fp8.epi_tile_n == 128
   assert hopper_tiling.fp8_output_config(64, 24576, 1536).tile_n == 256
   assert hopper_tiling.fp8_output_config(128, 24576, 1536).tile_n == 128
-  # ... and where those fill at most half the SMs over >= 32 K blocks, the float32
-  # output of the bf16 rules' tiling is quantised after the GEMM instead (sm90.py).
+  # ... and where those (up to 1024 rows, over >= 32 K blocks) fill their waves' CTAs
+  # to at most 55%, the float32 output of the bf16 rules' tiling is quantised after the
+  # GEMM instead (sm90.py): 34-68 128 x 128 tiles at 200-512 rows, 1024x2112x7168's 136
+  # (two waves, the second of 4 CTAs).
   after = lambda m, n, k, **kw: hopper_tiling.fp8_output_quantized_after(m, n, k, num_sms=132,
                                                                           **kw)
   for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (128, 4096, 7168),
-                  (64, 7168, 16384), (1, 7168, 18432)):
+                  (64, 7168, 16384), (1, 7168, 18432), (200, 2112, 7168), (256, 2112, 7168),
+                  (256, 4096, 7168), (512, 2112, 7168), (1024, 2112, 7168)):
     assert after(m, n, k), (m, n, k)
   for m, n, k in ((128, 7168, 16384), (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536),
-                  (128, 32768, 512), (256, 2112, 7168), (128, 36864, 7168)):
+                  (128, 32768, 512), (128, 36864, 7168), (384, 4096, 7168), (640, 2112, 7168),
+                  (512, 4096, 7168), (256, 7168, 16384), (256, 2112, 2048), (2048, 2112, 7168)):
     assert not after(m, n, k), (m, n, k)
   assert not after(64, 2112, 7168, b_scale_rows=1)  # measured with 128 x 128 b scales only
   # A GLU at decode over long K runs unfused (the gate|up GEMM's tiles fill the
@@ -565,6 +571,39 @@ def test_mid_m_narrow_tiles():
   assert best((128, 64, "m", 2)) < best((64, 128, "n", 2)) < math.inf
 
 
+def test_scaled_ring_tiles():
+  """From MID_M_MAX to TMA_SCALES_MIN_M rows (dense, 128 x 128 recipe, K >= 24 blocks),
+  256 x 128 tiles alone with the scales in the ring and the step top overlapped
+  (SCALED_RING_TILES; measured 1.03-1.15x over the picks before at 15 shapes), where
+  they give no more waves than the other tiles."""
+  def scaled(cfg, m, k):
+    return hopper_cost.scaled_ring_tile(cfg, m, k, hopper_cost.LARGE_M_TILES)
+  for m, n, k in ((1024, 4096, 7168), (1024, 7168, 16384), (1280, 18432, 7168),
+                  (1536, 7168, 16384), (1792, 2112, 7168), (2000, 8192, 8192)):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.cluster_n) == (256, 128, "m", 1), cfg
+    assert cfg.tma_scales and cfg.step_top_overlap and cfg.stages == 3 and scaled(cfg, m, k)
+    assert cfg.producer_registers == 72
+    # An FP8 output's epilogue takes them too (whole 128-column groups).
+    assert scaled(hopper_tiling.fp8_output_config(m, n, k), m, k)
+  # Not over short K loops, where they add waves, below MID_M_MAX, from
+  # TMA_SCALES_MIN_M (pairs), in a ring of 2 (a float32 residual beside a bf16
+  # output), nor in grouped or per-row-b GEMMs.
+  for m, n, k, kw in ((1024, 7168, 2048, {}), (1024, 32768, 512, {}), (1536, 4096, 7168, {}),
+                      (1024, 18432, 7168, {}), (768, 7168, 16384, {}), (2048, 4096, 7168, {}),
+                      (1792, 2112, 7168, dict(c_dtype=F32)),
+                      (1024, 4096, 7168, dict(b_scale_rows=1)),
+                      (1024, 4096, 7168, dict(grouped=True, row_masks=True)),
+                      (1024, 4096, 7168, dict(groups=2, grouped=True))):
+    cfg = hopper_tiling.default_config(m, n, k, **kw)
+    assert not (hopper_cost.tile_key(cfg) == (256, 128, "m", 2) and cfg.cluster_n == 1
+                and cfg.tma_scales), (m, n, k, kw, cfg)
+  # Without the scales in the ring (or in one of 2 stages) the tile has no estimate.
+  cfg = hopper_tiling.default_config(1024, 4096, 7168)
+  for other in (dict(tma_scales=False, step_top_overlap=False), dict(stages=2)):
+    assert hopper_cost.unmodelled(dataclasses.replace(cfg, **other), 1024, 4096, 7168)
+  assert "measurement" in hopper_cost.unmodelled(cfg, 1024, 4096, 2048)
+
 def test_cost_model_chain_rule():
   # The tiling rules' cost model charges less per tile where every CTA runs
   # >= 2 tiles and the ring wraps at a tile's end (the kernel's ring always runs on).
@@ -611,8 +650,9 @@ def test_masked_tiles_at_large_m():
     half, full = (hopper_cost._time_us(best, r, n, k, g, 132, hopper_cost.MASKED_TILES)
                   for r in (m // 2, m))
     assert half <= est(m) <= full and half < full
-  # The dense rules keep 128 x 256 tiles at the same shape.
-  assert hopper_tiling.default_config(1024, 4096, 7168).tile_n == 256
+  # The dense rules keep tiles of two chunk rows per warpgroup at the same shape.
+  dense = hopper_tiling.default_config(1024, 4096, 7168)
+  assert dense.wg_tile()[0] == 2 * hopper.CHUNK_M, dense
 
 
 def test_masked_walk_and_fills():
