@@ -17,7 +17,7 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, b_scale_row
   n = b.shape[0]
   if (config is None and np.dtype(out_dtype) == FP8_OUT
       and hopper_tiling.fp8_output_quantized_after(m, n, k, b_scale_rows=b_scale_rows)):
-    # At decode the fused epilogue's tiles would leave most SMs idle: the float32
+    # Up to 1024 rows the fused epilogue's tiles may leave SMs idle: the float32
     # result of the bf16 rules' tiling, quantised by the same arithmetic after it.
     out = blockwise_fp8_dot(a, a_scale, b, b_scale, c, beta=beta, out_dtype=np.float32,
                             b_scale_rows=b_scale_rows)
