@@ -146,12 +146,16 @@ PAIRED_MIN_K_BLOCKS = 24
 # ... with a ring of at least this many stages: where a float32 c's ring leaves
 # SMEM for 2, the pairs ran 0.7-2.8% behind 128 x 256 tiles (of 2 stages too).
 PAIRED_MIN_STAGES = 3
-# From MID_M_MAX rows to TMA_SCALES_MIN_M, the 256 x 128 tiles alone (not in pairs),
-# their scales in the ring and their step top overlapped, over >= PAIRED_MIN_K_BLOCKS
-# K blocks and a ring of >= PAIRED_MIN_STAGES -> efficiency relative to 128 x 256 (scales
-# from GMEM): at the same waves +5.0-8.0% at 1024 / 1792 rows x 4096-7168 columns x
-# K = 7168-16384 (in pairs 1-2 points less); -1.1 / +1.7% at K = 2048, 0.86-0.97x at
-# K = 512-1536 (H100 2026-11-27).
+# From SCALED_RING_MIN_M rows to TMA_SCALES_MIN_M, the 256 x 128 tiles alone (not in
+# pairs), their scales in the ring and their step top overlapped, over >=
+# PAIRED_MIN_K_BLOCKS K blocks and a ring of >= PAIRED_MIN_STAGES -> efficiency relative
+# to 128 x 256 (scales from GMEM): at the same waves +3.6-8.0% at 512-1792 rows x
+# 4096-7168 columns x K = 7168-16384 (896 rows: a partial row tile; in pairs 1-2 points
+# less); -1.1 / +1.7% at K = 2048, 0.86-0.97x at K = 512-1536. Where the waves differ the
+# model's counts held: against 128 x 192 0.95-0.97x with more tile area per wave (512 /
+# 1024 x 36864 / 18432 x 7168), 0.80-0.82x with the same waves (640-1536 rows), 1.015x
+# with fewer (768x36864x7168); against 128 x 128 at 768x18432x7168 1.001x (H100 2026-11-27).
+SCALED_RING_MIN_M = 512
 SCALED_RING_TILES = {(256, 128, "m", 2): 1.06}
 # Ragged groups: 128 x 192 split by rows (one wide chunk per warpgroup) is the
 # fastest over long K loops (128 x 256 split by columns, spill-free since a
@@ -376,8 +380,9 @@ def paired_large_m(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
 
 
 def scaled_ring_tile(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
-  """Whether cfg is a modelled SCALED_RING_TILES tile (MID_M_MAX <= M < TMA_SCALES_MIN_M)."""
-  return (MID_M_MAX <= m < TMA_SCALES_MIN_M and table is LARGE_M_TILES
+  """Whether cfg is a modelled SCALED_RING_TILES tile (SCALED_RING_MIN_M <= M <
+  TMA_SCALES_MIN_M)."""
+  return (SCALED_RING_MIN_M <= m < TMA_SCALES_MIN_M and table is LARGE_M_TILES
           and tile_key(cfg) in SCALED_RING_TILES and cfg.tma_scales and cfg.step_top_overlap
           and cfg.cluster_m == cfg.cluster_n == cfg.split_k == cfg.k_step == 1
           and cfg.stages >= PAIRED_MIN_STAGES and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)

@@ -13,7 +13,7 @@ The candidates of a shape, in the cost model's order (the default first):
   4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks); dense
   GEMMs also 256 x 128 tiles in pairs sharing A (hopper_cost.PAIRED_LARGE_M_TILES),
   up to M = 1024 narrow tiles that fill one wave (hopper_cost.MID_M_FORMS), and from
-  there to M = 2048 256 x 128 tiles with the scales in the ring
+  M = 512 to 2048 256 x 128 tiles with the scales in the ring
   (hopper_cost.SCALED_RING_TILES).
 - what autotuning also tries (the model has no measurement for it, so it is
   never the default): the _EXPLORED tiles, pairs sharing B, rings one deeper.
@@ -177,7 +177,7 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
       for t in hopper_cost.PAIRED_LARGE_M_TILES:  # pairs sharing A
         yield t, dict(base, cluster_n=2), 0
-      if hopper_cost.MID_M_MAX <= m < hopper_cost.TMA_SCALES_MIN_M:
+      if hopper_cost.SCALED_RING_MIN_M <= m < hopper_cost.TMA_SCALES_MIN_M:
         for t in hopper_cost.SCALED_RING_TILES:  # the scales in the ring below its M
           yield t, dict(base, tma_scales=True), 0
     for t in tiles:

@@ -613,9 +613,10 @@ def test_gpu_mid_m_narrow_tiles(m, n, k, out_dtype, with_c):
 @requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k,out_dtype,with_c,default", [
     (1024, 4096, 7168, BF16, False, True), (1792, 2112, 7168, BF16, False, True),
-    (1280, 18432, 4096, F32, False, True), (1100, 4096, 7168, F32, True, False)])
+    (1280, 18432, 4096, F32, False, True), (1100, 4096, 7168, F32, True, False),
+    (512, 7168, 16384, BF16, False, True)])
 def test_gpu_scaled_ring_tiles(m, n, k, out_dtype, with_c, default):
-  # 256 x 128 tiles alone with the scales in the ring between MID_M_MAX and
+  # 256 x 128 tiles alone with the scales in the ring between SCALED_RING_MIN_M and
   # TMA_SCALES_MIN_M rows (SCALED_RING_TILES), the rules' pick, or the candidate over a
   # partial row tile with a residual.
   scaled = lambda cfg: hopper_cost.scaled_ring_tile(cfg, m, k, hopper_cost.LARGE_M_TILES)

@@ -311,7 +311,7 @@ def test_cost_model_terms():
   deep = dataclasses.replace(three, stages=4)
   assert est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
   assert est(deep, 4096, 4096, 7168) > est(three, 4096, 4096, 7168)
-  assert hopper_tiling.default_config(768, 32768, 16384).stages == 4  # (no tma_scales)
+  assert hopper_tiling.default_config(384, 32768, 16384).stages == 4  # (no tma_scales)
   # Per-row b scales in the ring: 128 x 128 tiles 5 deep (past RING_BYTES); 4 with
   # the scales from GMEM.
   per_row = hopper_tiling.default_config(7168, 18432, 4096, b_scale_rows=1)
@@ -354,13 +354,13 @@ def test_default_config_rules():
   assert hopper_tiling.default_config(64, 7168, 2048).producer_registers == 40
   # Long K loops, scales from GMEM (M < 2048): a 4-deep ring that divides the K
   # blocks, chained; not at K=7168.
-  long_k = hopper_tiling.default_config(768, 32768, 16384)
-  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 768, 32768, 16384)
-  assert hopper_tiling.default_config(768, 32768, 7168).stages == 3
+  long_k = hopper_tiling.default_config(384, 32768, 16384)
+  assert long_k.stages == 4 and hopper_tiling.chains_tiles(long_k, 384, 32768, 16384)
+  assert hopper_tiling.default_config(384, 32768, 7168).stages == 3
   # From M = 2048 (not masked, one-block steps) every slot's scales come by TMA; below,
-  # only the 256 x 128 tiles from M = 1024 (SCALED_RING_TILES, test_scaled_ring_tiles).
+  # only the 256 x 128 tiles from M = 512 (SCALED_RING_TILES, test_scaled_ring_tiles).
   assert hopper_tiling.default_config(2048, 4096, 7168).tma_scales
-  assert not hopper_tiling.default_config(768, 32768, 7168).tma_scales
+  assert not hopper_tiling.default_config(384, 32768, 7168).tma_scales
   assert not hopper_tiling.default_config(1024, 7168, 2048).tma_scales
   assert not hopper_tiling.default_config(4096, 4096, 7168, groups=2, grouped=True).tma_scales
   assert hopper_tiling.default_config(4096, 4096, 7168, grouped=True, row_masks=True).tma_scales
@@ -572,25 +572,27 @@ def test_mid_m_narrow_tiles():
 
 
 def test_scaled_ring_tiles():
-  """From MID_M_MAX to TMA_SCALES_MIN_M rows (dense, 128 x 128 recipe, K >= 24 blocks),
-  256 x 128 tiles alone with the scales in the ring and the step top overlapped
-  (SCALED_RING_TILES; measured 1.03-1.15x over the picks before at 15 shapes), where
-  they give no more waves than the other tiles."""
+  """From SCALED_RING_MIN_M (512) to TMA_SCALES_MIN_M rows (dense, 128 x 128 recipe,
+  K >= 24 blocks), 256 x 128 tiles alone with the scales in the ring and the step top
+  overlapped (SCALED_RING_TILES; measured 1.015-1.15x over the picks before at 16
+  shapes), where their waves hold no more tile area than the other tiles'."""
   def scaled(cfg, m, k):
     return hopper_cost.scaled_ring_tile(cfg, m, k, hopper_cost.LARGE_M_TILES)
   for m, n, k in ((1024, 4096, 7168), (1024, 7168, 16384), (1280, 18432, 7168),
-                  (1536, 7168, 16384), (1792, 2112, 7168), (2000, 8192, 8192)):
+                  (1536, 7168, 16384), (1792, 2112, 7168), (2000, 8192, 8192),
+                  (512, 7168, 16384), (896, 4096, 7168), (768, 36864, 7168)):
     cfg = hopper_tiling.default_config(m, n, k)
     assert (cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.cluster_n) == (256, 128, "m", 1), cfg
     assert cfg.tma_scales and cfg.step_top_overlap and cfg.stages == 3 and scaled(cfg, m, k)
     assert cfg.producer_registers == 72
     # An FP8 output's epilogue takes them too (whole 128-column groups).
     assert scaled(hopper_tiling.fp8_output_config(m, n, k), m, k)
-  # Not over short K loops, where they add waves, below MID_M_MAX, from
+  # Not over short K loops, where they add tile area per wave, below 512 rows, from
   # TMA_SCALES_MIN_M (pairs), in a ring of 2 (a float32 residual beside a bf16
   # output), nor in grouped or per-row-b GEMMs.
   for m, n, k, kw in ((1024, 7168, 2048, {}), (1024, 32768, 512, {}), (1536, 4096, 7168, {}),
-                      (1024, 18432, 7168, {}), (768, 7168, 16384, {}), (2048, 4096, 7168, {}),
+                      (1024, 18432, 7168, {}), (768, 7168, 16384, {}), (640, 7168, 18432, {}),
+                      (512, 36864, 7168, {}), (384, 7168, 16384, {}), (2048, 4096, 7168, {}),
                       (1792, 2112, 7168, dict(c_dtype=F32)),
                       (1024, 4096, 7168, dict(b_scale_rows=1)),
                       (1024, 4096, 7168, dict(grouped=True, row_masks=True)),
