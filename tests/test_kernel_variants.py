@@ -266,6 +266,9 @@ def _quantize_1x128_model(x, power_of_two):
                                  epi_tile_n=128, k_step=2)),
     ("sm90", hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=2, num_sms=2,
                                  epi_tile_n=128, tma_scales=True)),
+    # the mid-M form: two-block steps in a 3-deep ring, the scales multiplied at promotion
+    ("sm90", hopper.HopperConfig(tile_m=128, tile_n=128, wg_split="m", stages=3, num_sms=2,
+                                 epi_tile_n=128, k_step=2, scale_product=False)),
     # the long-K rule's 256 x 128 pairs sharing A (3 column tiles: one CTA past N)
     ("sm90", hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m", stages=2, num_sms=2,
                                  epi_tile_n=128, tma_scales=True, cluster_n=2,

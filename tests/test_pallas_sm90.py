@@ -478,9 +478,10 @@ def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
 
 @requires_gpu(major=9)
 # (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K;
-# 1024 x 7168 x 7168: 256 x 128 tiles alone, the scales in the ring)
+# 1024 x 7168 x 7168: 256 x 128 tiles alone, the scales in the ring; 384 x 4096 x 7168: the
+# mid-M 128 x 128 form, two-block steps in a 3-deep ring)
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (300, 7000, 1000), (128, 4096, 7168),
-                                   (64, 2112, 7168), (1024, 7168, 7168)])
+                                   (64, 2112, 7168), (1024, 7168, 7168), (384, 4096, 7168)])
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
   """On the tensor cores, the FP8 output's epilogue (its division by the row's reciprocal)

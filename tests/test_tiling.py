@@ -21,6 +21,7 @@ from jax.experimental import pallas as pl
 from jax_fp8.pallas import hopper, hopper_cost, hopper_tiling, scheduler
 
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(jnp.float32)
+FP8 = np.dtype(jnp.float8_e4m3fn)
 OUT_C = {"bf16": (BF16, None), "bf16+cf32": (BF16, F32), "bf16+cbf16": (BF16, BF16),
          "f32": (F32, None), "f32+cf32": (F32, F32), "f32+cbf16": (F32, BF16)}
 
@@ -535,6 +536,11 @@ def test_mid_m_narrow_tiles():
     # With a float32 output and residual the ring is what fits beside them.
     f32 = hopper_tiling.default_config(m, n, k, out_dtype=F32, c_dtype=F32)
     assert tile(f32)[:4] == want[:4] and f32.smem_bytes(F32, F32) <= hopper_tiling.SMEM_BYTES
+    # An FP8 output of the 128 x 128 form keeps its ring (3 two-block stages; it had 2).
+    if want[:2] == (128, 128):
+      fp8 = hopper_tiling.fp8_output_config(m, n, k)
+      assert tile(fp8) == want and fp8.smem_bytes(FP8, None) <= hopper_tiling.SMEM_BYTES
+      assert hopper_tiling.fp8_output_config(m, n, k, c_dtype=F32).stages == 2
   # Where M leaves the last row tile partial, only the 64 x 64 tiles splitting K, at a
   # cost (their partial row tile's CTAs are the slow ones).
   for m, n, k in ((200, 2112, 7168), (129, 576, 7168), (700, 576, 7168)):
