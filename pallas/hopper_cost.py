@@ -149,8 +149,8 @@ PAIRED_MIN_STAGES = 3
 # From SCALED_RING_MIN_M rows to TMA_SCALES_MIN_M, the 256 x 128 tiles alone (not in
 # pairs), their scales in the ring and their step top overlapped, over >=
 # PAIRED_MIN_K_BLOCKS K blocks and a ring of >= PAIRED_MIN_STAGES -> efficiency relative
-# to 128 x 256 (scales from GMEM): at the same waves +3.6-8.0% at 512-1792 rows x
-# 4096-7168 columns x K = 7168-16384 (896 rows: a partial row tile; in pairs 1-2 points
+# to 128 x 256 (scales from GMEM): at the same waves +3.4-8.0% at 512-1792 rows x
+# 4096-36864 columns x K = 7168-16384 (896 rows: a partial row tile; in pairs 1-2 points
 # less); -1.1 / +1.7% at K = 2048, 0.86-0.97x at K = 512-1536. Where the waves differ the
 # model's counts held: against 128 x 192 0.95-0.97x with more tile area per wave (512 /
 # 1024 x 36864 / 18432 x 7168), 0.80-0.82x with the same waves (640-1536 rows), 1.015x

@@ -331,8 +331,8 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
   overlap = hopper_cost.step_top_overlap_pays((cfg.tile_m, cfg.tile_n), cfg.tma_scales,
                                               b_scale_rows=b_scale_rows, plain_output=False)
   cfg = _with_registers(dataclasses.replace(cfg, epi_tile_n=SCALE_N, step_top_overlap=overlap))
-  # A mid-M form keeps its ring (its two-block steps measured at their stages, one
-  # past RING_BYTES: the bf16 default's), where SMEM holds it beside the FP8 stores.
+  # A mid-M form keeps the bf16 default's ring (its two-block steps were measured at
+  # that depth, one stage past RING_BYTES) where SMEM holds it beside the FP8 stores.
   mid = hopper_cost.mid_m_form(cfg, m, k, hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows))
   return _fit_stages(cfg, FP8_OUT, c_dtype, max_stages=cfg.stages if mid else ring_stages(cfg))
 
