@@ -371,21 +371,26 @@ def large_m_tiles(k: int, *, b_scale_rows: int = SCALE_N, row_masks: bool = Fals
   return LARGE_M_TILES
 
 
+def _scaled_ring_k_loop(cfg: HopperConfig, k: int, table: dict) -> bool:
+  """The K loop the 256 x 128 tiles were measured in (PAIRED_LARGE_M_TILES,
+  SCALED_RING_TILES): a dense 128x128-scaled GEMM's, the scales in a ring of >=
+  PAIRED_MIN_STAGES one-block steps, >= PAIRED_MIN_K_BLOCKS K blocks, no K split."""
+  return (table is LARGE_M_TILES and cfg.tma_scales and cfg.split_k == 1 and cfg.k_step == 1
+          and cfg.stages >= PAIRED_MIN_STAGES and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
+
+
 def paired_large_m(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
   """Whether cfg is a modelled pair sharing A at large M (PAIRED_LARGE_M_TILES)."""
-  return (m > DECODE_MAX_M and table is LARGE_M_TILES and cfg.cluster_n == 2
-          and tile_key(cfg) in PAIRED_LARGE_M_TILES and cfg.tma_scales and cfg.split_k == 1
-          and cfg.k_step == 1 and cfg.stages >= PAIRED_MIN_STAGES
-          and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
+  return (m > DECODE_MAX_M and cfg.cluster_n == 2 and tile_key(cfg) in PAIRED_LARGE_M_TILES
+          and _scaled_ring_k_loop(cfg, k, table))
 
 
 def scaled_ring_tile(cfg: HopperConfig, m: int, k: int, table: dict) -> bool:
   """Whether cfg is a modelled SCALED_RING_TILES tile (SCALED_RING_MIN_M <= M <
-  TMA_SCALES_MIN_M)."""
-  return (SCALED_RING_MIN_M <= m < TMA_SCALES_MIN_M and table is LARGE_M_TILES
-          and tile_key(cfg) in SCALED_RING_TILES and cfg.tma_scales and cfg.step_top_overlap
-          and cfg.cluster_m == cfg.cluster_n == cfg.split_k == cfg.k_step == 1
-          and cfg.stages >= PAIRED_MIN_STAGES and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
+  TMA_SCALES_MIN_M): alone, its step top overlapped."""
+  return (SCALED_RING_MIN_M <= m < TMA_SCALES_MIN_M and tile_key(cfg) in SCALED_RING_TILES
+          and cfg.cluster_m == cfg.cluster_n == 1 and cfg.step_top_overlap
+          and _scaled_ring_k_loop(cfg, k, table))
 
 
 def _mid_m(m: int, k: int, table: dict) -> bool:
