@@ -170,10 +170,10 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
     base = _order_and_scales(m)
     tiles = hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows, row_masks=row_masks,
                                       masked=masked)
-    if tiles is hopper_cost.LARGE_M_TILES and m <= hopper_cost.MID_M_MAX:
-      for t, (fields, _) in hopper_cost.MID_M_FORMS.items():  # narrow tiles, one wave
-        yield t, dict(base, **fields), 0
     if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe
+      if m <= hopper_cost.MID_M_MAX:
+        for t, (fields, _) in hopper_cost.MID_M_FORMS.items():  # narrow tiles, one wave
+          yield t, dict(base, **fields), 0
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
       for t in hopper_cost.PAIRED_LARGE_M_TILES:  # pairs sharing A
         yield t, dict(base, cluster_n=2), 0
