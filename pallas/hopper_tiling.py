@@ -230,8 +230,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
   m = hopper_cost.masked_capacity(m, expected_m, groups)
   for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
                                                           row_masks=row_masks, masked=masked):
-    wide = (tm, tn, split, consumers) in hopper_cost.WIDE_TILES
     fields = dict(fields)
+    wide = fields.pop("wide_chunks", (tm, tn, split, consumers) in hopper_cost.WIDE_TILES)
     tma = fields.pop("tma_scales", None)
     if tma is None:
       tma = hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1))
@@ -241,7 +241,7 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
                            (tm, tn), tma, grouped=grouped, b_scale_rows=b_scale_rows,
                            plain_output=out_dtype == np.dtype(jnp.bfloat16) and c_dtype is None),
                        a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW if wide and not tma
-                                       and not masked else 0),
+                                       and not masked and tm >= 128 else 0),
                        live_first=masked and (sparse or (tm, tn, split, consumers)
                                               in hopper_cost.MASKED_LIVE_FIRST_TILES),
                        **fields)

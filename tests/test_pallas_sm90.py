@@ -214,11 +214,16 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
      BF16, 0.5, jnp.float32),
     # the narrow tiles of one wave between decode and large M (MID_M_FORMS): 64 x 64
     # tiles splitting K in two-block steps on a 6-slot ring (3 slots a warpgroup, the
-    # ring running on across 2 tiles a CTA); 128 x 64 and 128 x 128 tiles split by rows
-    # in two-block steps, the scales multiplied at promotion; 256 x 64 tiles (two 64-row
-    # chunks a warpgroup, the second row tile partial)
+    # ring running on across 2 tiles a CTA); 64 x 96 tiles splitting K, a wide 64 x 96
+    # chunk a warpgroup promoted in 32-column pieces (the second column tile straddles
+    # two b-scale blocks, the third is partial; the last step's second block past K);
+    # 128 x 64 and 128 x 128 tiles split by rows in two-block steps, the scales
+    # multiplied at promotion; 256 x 64 tiles (two 64-row chunks a warpgroup, the second
+    # row tile partial)
     (130, 100, 850, dataclasses.replace(K_SPLIT, k_step=2, stages=6), True, F32, 0.5,
      jnp.float32),
+    (130, 250, 900, dataclasses.replace(K_SPLIT, tile_n=96, wide_chunks=True, k_step=2,
+                                        stages=4), True, BF16, -1.0, jnp.bfloat16),
     (256, 200, 850, dataclasses.replace(SPLIT_M, tile_n=64, k_step=2, stages=4, num_sms=3,
                                         scale_product=False), False, BF16, 1.0, None),
     (256, 300, 850, dataclasses.replace(SPLIT_M, k_step=2, stages=3, num_sms=3,
@@ -601,10 +606,12 @@ def test_gpu_k_split_among_warpgroups(m, n, k, consumers, out_dtype, with_c):
     (512, 2112, 7168, F32, True), (256, 4096, 7168, BF16, True),
     (1024, 2112, 7168, BF16, False), (1024, 2112, 4096, F32, True),
     (200, 2112, 7168, F32, True), (700, 576, 7168, BF16, False),
-    (384, 4096, 7168, BF16, True), (256, 7168, 16384, F32, False)])
+    (384, 4096, 7168, BF16, True), (256, 7168, 16384, F32, False),
+    (384, 2112, 7168, BF16, True), (192, 4096, 7168, F32, False)])
 def test_gpu_mid_m_narrow_tiles(m, n, k, out_dtype, with_c):
-  # The rules' narrow tiles of one wave between decode and large M (MID_M_FORMS; the
-  # last two with a partial row tile).
+  # The rules' narrow tiles of one wave between decode and large M (MID_M_FORMS; 200
+  # and 700 rows with a partial row tile; the last two 64 x 96 tiles splitting K, the
+  # last of them over a partial column tile).
   c_dtype = F32 if with_c else None
   cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
   assert hopper_cost.in_mid_m_form(cfg), cfg
