@@ -130,7 +130,7 @@ MID_M_ONE_WAVE_64X128 = 0.58
 # tiles 1.05-1.08x with the scales apart (256 x 64, two chunks a warpgroup: 0.90x).
 # 64 x 96 tiles whose warpgroups split K (one wide 64 x 96 chunk each, two-block
 # steps, 4 stages) fill waves that 128 x 64 / 64 x 128 tiles leave partly idle (384 x
-# 2112: 132 tiles against 99): 1.04-1.48x at 18 shapes of 192-768 rows x 1024-4096
+# 2112: 132 tiles against 99): 1.04-1.48x at 28 shapes of 192-1024 rows x 576-4096
 # columns, K = 4096-16384 (H100 2026-11-27; in 3 warpgroups 0.86-1.00x; 64 x 192 tiles
 # so, at 384 / 640 / 768 rows x 2112 / 4096, 0.93-1.12x: not taken).
 MID_M_FORMS = {

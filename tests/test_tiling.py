@@ -518,8 +518,8 @@ def test_mid_m_narrow_tiles():
   """Between decode and large M (dense, 128 x 128 recipe, K >= 4096), where the large-M
   tiles would leave many SMs idle, narrow tiles that fill one wave, with the decode
   tiles' K loop where a warpgroup holds one chunk (MID_M_FORMS; measured 1.10-1.95x at
-  192-1024 rows x 576-7168 columns; the 64 x 96 form 1.04-1.48x at 192-768 rows x
-  1024-4096 columns)."""
+  192-1024 rows x 576-7168 columns; the 64 x 96 form 1.04-1.48x at 192-1024 rows x
+  576-4096 columns)."""
   def tile(cfg):
     return cfg.tile_m, cfg.tile_n, cfg.wg_split, cfg.k_step, cfg.stages, cfg.scale_product
   k96 = (64, 96, "k", 2, 4, False)
@@ -529,6 +529,7 @@ def test_mid_m_narrow_tiles():
       (256, 4096, 7168, (128, 64, "m", 2, 4, False)), (384, 2112, 7168, k96),
       (384, 2048, 4096, k96), (192, 4096, 7168, k96), (320, 2112, 16384, k96),
       (448, 1536, 7168, k96), (768, 1024, 7168, k96), (256, 3072, 7168, k96),
+      (1024, 576, 7168, k96),
       (512, 2112, 7168, (128, 64, "m", 2, 4, False)),
       (384, 4096, 7168, (128, 128, "m", 2, 3, False)), (768, 2112, 7168, (128, 128, "m", 2, 3, False)),
       (256, 7168, 16384, (128, 128, "m", 2, 3, False)), (512, 4096, 7168, (128, 128, "m", 2, 3, False)),
