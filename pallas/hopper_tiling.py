@@ -61,7 +61,8 @@ _TWO_CHUNK_PRODUCER_REGISTERS = 72
 # K steps per staged a-scale window of the wide 128 x 192 tiles (HopperConfig.
 # a_scale_window) where the ring's TMA does not bring the scales: their
 # warpgroups read a-scales from SMEM, 2-3% faster than from GMEM; 128 x 256
-# tiles (two chunk rows per warpgroup) were 8-10% slower so.
+# tiles (two chunk rows per warpgroup) were 8-10% slower so. Not the 64-row mid-M
+# form (a window stages a row or two per producer thread: 128 or 256 rows).
 _WIDE_TILE_A_SCALE_WINDOW = 4
 # Up to this many K blocks the epilogue is a large part of a tile's time and
 # stores of 256-byte rows pay; with longer K loops their SMEM is better left to
