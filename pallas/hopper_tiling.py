@@ -61,8 +61,8 @@ _TWO_CHUNK_PRODUCER_REGISTERS = 72
 # K steps per staged a-scale window of the wide 128 x 192 tiles (HopperConfig.
 # a_scale_window) where the ring's TMA does not bring the scales: their
 # warpgroups read a-scales from SMEM, 2-3% faster than from GMEM; 128 x 256
-# tiles (two chunk rows per warpgroup) were 8-10% slower so. Not the 64-row mid-M
-# form (a window stages a row or two per producer thread: 128 or 256 rows).
+# tiles (two chunk rows per warpgroup) were 8-10% slower so. The large-M wide tiles
+# (hopper_cost.WIDE_TILES) only: a window stages a row or two per producer thread.
 _WIDE_TILE_A_SCALE_WINDOW = 4
 # Up to this many K blocks the epilogue is a large part of a tile's time and
 # stores of 256-byte rows pay; with longer K loops their SMEM is better left to
@@ -229,10 +229,12 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
   masked = _is_masked(grouped, row_masks)
   sparse = hopper_cost.sparse_fill(m, expected_m, groups)
   m = hopper_cost.masked_capacity(m, expected_m, groups)
-  for (tm, tn, split, consumers), fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows,
-                                                          row_masks=row_masks, masked=masked):
+  for key, fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows, row_masks=row_masks,
+                                    masked=masked):
+    tm, tn, split, consumers = key
+    large_m_wide = key in hopper_cost.WIDE_TILES
     fields = dict(fields)
-    wide = fields.pop("wide_chunks", (tm, tn, split, consumers) in hopper_cost.WIDE_TILES)
+    wide = fields.pop("wide_chunks", large_m_wide)
     tma = fields.pop("tma_scales", None)
     if tma is None:
       tma = hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1))
@@ -241,10 +243,9 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
                        step_top_overlap=hopper_cost.step_top_overlap_pays(
                            (tm, tn), tma, grouped=grouped, b_scale_rows=b_scale_rows,
                            plain_output=out_dtype == np.dtype(jnp.bfloat16) and c_dtype is None),
-                       a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW if wide and not tma
-                                       and not masked and tm >= 128 else 0),
-                       live_first=masked and (sparse or (tm, tn, split, consumers)
-                                              in hopper_cost.MASKED_LIVE_FIRST_TILES),
+                       a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW if large_m_wide and not tma
+                                       and not masked else 0),
+                       live_first=masked and (sparse or key in hopper_cost.MASKED_LIVE_FIRST_TILES),
                        **fields)
     if grouped and not _grouped_allows(cfg):
       continue
