@@ -222,7 +222,7 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     # row tile partial)
     (130, 100, 850, dataclasses.replace(K_SPLIT, k_step=2, stages=6), True, F32, 0.5,
      jnp.float32),
-    (130, 250, 900, dataclasses.replace(K_SPLIT, tile_n=96, wide_chunks=True, k_step=2,
+    (130, 250, 850, dataclasses.replace(K_SPLIT, tile_n=96, wide_chunks=True, k_step=2,
                                         stages=4), True, BF16, -1.0, jnp.bfloat16),
     (256, 200, 850, dataclasses.replace(SPLIT_M, tile_n=64, k_step=2, stages=4, num_sms=3,
                                         scale_product=False), False, BF16, 1.0, None),
