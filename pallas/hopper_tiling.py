@@ -235,9 +235,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     large_m_wide = key in hopper_cost.WIDE_TILES
     fields = dict(fields)
     wide = fields.pop("wide_chunks", large_m_wide)
-    tma = fields.pop("tma_scales", None)
-    if tma is None:
-      tma = hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1))
+    tma = fields.pop("tma_scales",
+                     hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1)))
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                        wide_chunks=wide, tma_scales=tma,
                        step_top_overlap=hopper_cost.step_top_overlap_pays(
