@@ -79,6 +79,22 @@ K_SPLIT_RING = 16  # one-block stages at most (RING_BYTES decides for these tile
 # 128x18432x7168 (144); fuller waves 0.73-1.09x (85-128 tiles of 256-1024 rows,
 # 128x7168x16384), 0.83-0.99x at K = 2048 (H100 2026-11-27).
 FP8_QUANTIZE_AFTER_MAX_FILL = 0.55
+# Between decode and MID_M_MAX rows (long K, 128 x 128 b scales) an FP8 output also
+# takes the decode FP8 tiles (64 x 128, the two warpgroups splitting K, 6 one-block
+# stages) where they fit one wave and fp8_k_split_us puts them ahead of the float32
+# output quantised after: they ran 14.0 / 14.5 us over 32 K blocks, 18.7-22.7 over 56,
+# 37.1-43.8 over 128 (at 15-128 tiles; FP8_K_SPLIT_FIXED_US + FP8_K_SPLIT_BLOCK_US a
+# block), and the quantised-after path its tiling's estimate plus 2.4-11.9 us (the
+# float32 stores, the quantiser's pass; FP8_QUANTIZE_AFTER_US). Ranked so, they are
+# taken at 27 of 30 measured shapes of 129-1024 rows x 576-4096 columns x K = 4096-16384
+# and ran 1.08-1.71x the quantised-after path at 21 of them (geometric mean over the 27:
+# 1.19x), 0.995x at 384x1536x7168 and 0.94-0.99x at five (160x576x7168, 300x1024x4096,
+# 384x2112x16384, 1024x576x16384, 768x1024x16384: the model does not tell them apart);
+# left at 192 / 256 x 2112 x 7168 (1.02 / 0.97x) and 192x2112x16384 (0.88x; H100
+# 2026-11-28).
+FP8_K_SPLIT_FIXED_US = 5.7
+FP8_K_SPLIT_BLOCK_US = 0.267
+FP8_QUANTIZE_AFTER_US = 8.0
 # A fused GLU's tiles hold 256 weight rows (128 gate, 128 up: its epilogue needs
 # both, and an FP8 output whole 128-column groups), so at decode a DeepSeek-V3 MLP
 # input (2 x 18432 x 7168) runs 144 of them: a second wave of 12 CTAs streaming
@@ -115,11 +131,17 @@ LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
 # 512x2112x7168; 256 x 64 (two 64 x 64 chunks a warpgroup) 1.11x at 1024x2112x7168.
 # Over several waves they lost (0.55-0.98x at 192-1024 rows; H100 2026-11-27).
 MID_M_MAX = 1024
-# Where M leaves the last row tile partial, the 64 x 64 tiles splitting K ran 1.3-1.75x
-# their time at whole row tiles (190 / 200 x 2112 x 7168, 700x576x7168), still
-# 1.24-1.58x the picks before them; 128 x 64 and 256 x 64 0.83-1.13x: those take
-# whole row tiles only.
-MID_M_PARTIAL_ROWS_COST = 1.75
+# Where M leaves the last row tile partial, the forms splitting K -> their time there
+# relative to whole row tiles. The 64 x 64 tiles ran 1.3-1.75x (190 / 200 x 2112 x 7168,
+# 700x576x7168; at 200 rows the kernel alone 1.40x), still 1.24-1.58x the picks before
+# them. The 64 x 96 kernel ran as fast as at whole row tiles (0.94-1.00x at 300 / 450 /
+# 1000 rows; what the call adds there, XLA's pads of a and a_scale to whole 8- and 64-row
+# blocks, every tiling pays): ranked at 1.3, it takes the partial row tiles the 64 x 128
+# tiles split by columns had (1.03-1.36x faster at 14 shapes of 129-1000 rows x 576-4096
+# columns x K = 4096-16384, geometric mean 1.23) and leaves 190x2112x7168, 700x576x7168
+# to the 64 x 64 form (there 0.82 / 0.94x of it; H100 2026-11-28). 128 x 64 and 256 x 64
+# ran 0.83-1.13x: those take whole row tiles only.
+MID_M_PARTIAL_ROWS_COST = {(64, 64, "k", 2): 1.75, (64, 96, "k", 2): 1.3}
 # In that one wave 64 x 128 tiles split by columns (one 64 x 64 WGMMA a warpgroup and
 # step) ran at 0.58 of 128 x 256's efficiency, not the 0.8 of full waves: 20.8-22.4 us
 # at 51-128 tiles over 56 K blocks (192 / 256 / 384 rows x 2112 / 4096 columns).
@@ -572,6 +594,12 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
   return None
 
 
+def fp8_k_split_us(k: int) -> float:
+  """The time of an FP8 output in one wave of the decode FP8 tiles (64 x 128 tiles
+  whose warpgroups split K) between decode and large M (FP8_K_SPLIT_FIXED_US)."""
+  return FP8_K_SPLIT_FIXED_US + FP8_K_SPLIT_BLOCK_US * _cdiv(k, K_BLOCK)
+
+
 def two_block_steps_pay(k_blocks: int) -> bool:
   """Whether two-block steps shorten a K loop of this many blocks."""
   return k_blocks * _TWO_BLOCK_SAVING > _TWO_BLOCK_FILL_BLOCKS
@@ -602,7 +630,7 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
   if mid:
     efficiency = MID_M_FORMS[tile_key(cfg)][1]
     if m % cfg.tile_m:
-      efficiency /= MID_M_PARTIAL_ROWS_COST
+      efficiency /= MID_M_PARTIAL_ROWS_COST[tile_key(cfg)]
   elif one_wave and tile_key(cfg) == (64, 128, "n", 2) and _mid_m(m, k, table):
     efficiency = MID_M_ONE_WAVE_64X128
   elif scaled_ring_tile(cfg, m, k, table):

@@ -84,6 +84,23 @@ def _fp8_k_split_units(m: int, n: int) -> int:
   return pl.cdiv(m, 64) * pl.cdiv(n, 128)
 
 
+def _fp8_mid_k_split(m: int, n: int, k: int, b_scale_rows: int,
+                     num_sms: int | None = None) -> bool:
+  """Whether an FP8 output between decode and large M takes the decode FP8 tiles
+  (_fp8_k_split_units) quantised in the epilogue: where they fit one wave and the
+  model puts them ahead of the float32 output of the bf16 rules' tiling quantised
+  after (hopper_cost.FP8_K_SPLIT_FIXED_US)."""
+  sms = num_sms or hopper.num_sms()
+  if not (hopper_cost.DECODE_MAX_M < m <= hopper_cost.MID_M_MAX and b_scale_rows == SCALE_N
+          and pl.cdiv(k, K_BLOCK) >= hopper_cost.K_SPLIT_MIN_BLOCKS
+          and _fp8_k_split_units(m, n) <= sms):
+    return False
+  after = default_config(m, n, k, out_dtype=jnp.float32)
+  return hopper_cost.fp8_k_split_us(k) < (
+      hopper_cost.estimated_time_us(after, m, n, k, num_sms=sms)
+      + hopper_cost.FP8_QUANTIZE_AFTER_US)
+
+
 def _grouped_allows(cfg: HopperConfig) -> bool:
   """Grouped schedulers take no K splits and no clusters (masked ones can run
   pairs of CTAs: an explicit config only, no faster on our tiles; RESULTS.md)."""
@@ -315,12 +332,15 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
     cands = candidate_configs(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
     cfg = next((c for c in cands if not c.wide_chunks and c.piece_n() == SCALE_N
                 and not (narrow_pairs and c.cluster_n > 1)), cfg)
-  if cfg.split_k > 1 or cfg.piece_n() != SCALE_N:
-    if m <= hopper_cost.DECODE_MAX_M and _fp8_k_split_units(m, n) <= hopper.num_sms():
+  mid_k_split = _fp8_mid_k_split(m, n, k, b_scale_rows)
+  if cfg.split_k > 1 or cfg.piece_n() != SCALE_N or mid_k_split:
+    if mid_k_split or (m <= hopper_cost.DECODE_MAX_M
+                       and _fp8_k_split_units(m, n) <= hopper.num_sms()):
       # 64 x 128 tiles whose two warpgroups split K, where they fit one wave: twice
-      # the CTAs of the tiles below (an FP8 output takes no K split across CTAs).
+      # the CTAs of the tiles below (an FP8 output takes no K split across CTAs),
+      # in the decode K loop (the scales multiplied at promotion).
       cfg = HopperConfig(tile_m=64, tile_n=128, wg_split="k", grid_minor=cfg.grid_minor,
-                         scale_product=cfg.scale_product)
+                         scale_product=False)
     else:
       # The decode tile of 128-column warpgroups: 64 x 256 (two side by side),
       # or 128 x 128 (one above the other) where M fills 128 rows.
@@ -345,10 +365,12 @@ def fp8_output_quantized_after(m: int, n: int, k: int, *, b_scale_rows: int = SC
   the epilogue of fp8_output_config: up to hopper_cost.MID_M_MAX rows over long K
   loops, where the epilogue's tiles (whole 128-column groups, no K split across
   CTAs) would fill their waves' CTAs to at most
-  hopper_cost.FP8_QUANTIZE_AFTER_MAX_FILL. Either way the float32 sum is quantised
-  by the same arithmetic (pallas/quant_math.py)."""
+  hopper_cost.FP8_QUANTIZE_AFTER_MAX_FILL (not where, above decode, the decode FP8
+  tiles run ahead: _fp8_mid_k_split). Either way the float32 sum is quantised by the
+  same arithmetic (pallas/quant_math.py)."""
   if (m > hopper_cost.MID_M_MAX or b_scale_rows != SCALE_N
-      or pl.cdiv(k, K_BLOCK) < hopper_cost.K_SPLIT_MIN_BLOCKS):
+      or pl.cdiv(k, K_BLOCK) < hopper_cost.K_SPLIT_MIN_BLOCKS
+      or _fp8_mid_k_split(m, n, k, b_scale_rows, num_sms)):
     return False
   sms = num_sms or hopper.num_sms()
   units = hopper_cost.units(fp8_output_config(m, n, k), m, n)

@@ -273,9 +273,12 @@ def _quantize_1x128_model(x, power_of_two):
     ("sm90", hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m", stages=2, num_sms=2,
                                  epi_tile_n=128, tma_scales=True, cluster_n=2,
                                  producer_registers=72)),
-    # warpgroups splitting K: the first quantises the summed tile
+    # warpgroups splitting K: the first quantises the summed tile; then in the decode K
+    # loop (the scales multiplied at promotion), as the rules take it above decode too
     ("sm90", hopper.HopperConfig(tile_m=64, tile_n=128, wg_split="k", stages=2, num_sms=2,
                                  epi_tile_n=128)),
+    ("sm90", hopper.HopperConfig(tile_m=64, tile_n=128, wg_split="k", stages=2, num_sms=2,
+                                 epi_tile_n=128, scale_product=False)),
     ("sm100", B_WIDE),                                             # 4 pieces, 2 groups
 ])
 @pytest.mark.parametrize("power_of_two", [False, True])

@@ -484,9 +484,11 @@ def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
 @requires_gpu(major=9)
 # (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K;
 # 1024 x 7168 x 7168: 256 x 128 tiles alone, the scales in the ring; 384 x 4096 x 7168: the
-# mid-M 128 x 128 form, two-block steps in a 3-deep ring)
+# mid-M 128 x 128 form, two-block steps in a 3-deep ring; 300 x 2112 x 7168: the decode
+# FP8 tiles above decode, over a partial row tile)
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 7168), (300, 7000, 1000), (128, 4096, 7168),
-                                   (64, 2112, 7168), (1024, 7168, 7168), (384, 4096, 7168)])
+                                   (64, 2112, 7168), (1024, 7168, 7168), (384, 4096, 7168),
+                                   (300, 2112, 7168)])
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_gpu_fp8_output_is_the_float32_output_quantised(m, n, k, power_of_two):
   """On the tensor cores, the FP8 output's epilogue (its division by the row's reciprocal)
@@ -607,11 +609,12 @@ def test_gpu_k_split_among_warpgroups(m, n, k, consumers, out_dtype, with_c):
     (1024, 2112, 7168, BF16, False), (1024, 2112, 4096, F32, True),
     (200, 2112, 7168, F32, True), (700, 576, 7168, BF16, False),
     (384, 4096, 7168, BF16, True), (256, 7168, 16384, F32, False),
-    (384, 2112, 7168, BF16, True), (192, 4096, 7168, F32, False)])
+    (384, 2112, 7168, BF16, True), (192, 4096, 7168, F32, False),
+    (300, 2112, 7168, BF16, True), (450, 1536, 7168, F32, False)])
 def test_gpu_mid_m_narrow_tiles(m, n, k, out_dtype, with_c):
   # The rules' narrow tiles of one wave between decode and large M (MID_M_FORMS; 200
-  # and 700 rows with a partial row tile; the last two 64 x 96 tiles splitting K, the
-  # last of them over a partial column tile).
+  # and 700 rows with a partial row tile; the last four 64 x 96 tiles splitting K, the
+  # second of them over a partial column tile, the last two over a partial row tile).
   c_dtype = F32 if with_c else None
   cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
   assert hopper_cost.in_mid_m_form(cfg), cfg

@@ -399,9 +399,23 @@ def test_default_config_rules():
   after = lambda m, n, k, **kw: hopper_tiling.fp8_output_quantized_after(m, n, k, num_sms=132,
                                                                           **kw)
   for m, n, k in ((64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (128, 4096, 7168),
-                  (64, 7168, 16384), (1, 7168, 18432), (200, 2112, 7168), (256, 2112, 7168),
-                  (256, 4096, 7168), (512, 2112, 7168), (1024, 2112, 7168)):
+                  (64, 7168, 16384), (1, 7168, 18432), (192, 2112, 7168), (256, 2112, 7168),
+                  (192, 2112, 16384), (512, 2112, 7168), (1024, 2112, 7168)):
     assert after(m, n, k), (m, n, k)
+  # Above decode, the decode FP8 tiles (64 x 128, warpgroups splitting K) where they fit
+  # one wave and the model puts them ahead of quantising after (hopper_cost.
+  # FP8_K_SPLIT_FIXED_US; measured 1.08-1.71x at 21 of the 27 shapes they take).
+  for m, n, k in ((384, 2112, 7168), (320, 2112, 4096), (256, 4096, 7168), (200, 2112, 7168),
+                  (300, 2112, 7168), (448, 2048, 7168), (1000, 1024, 4096), (256, 4096, 16384),
+                  (129, 4096, 16384)):
+    assert not after(m, n, k), (m, n, k)
+    fp8 = hopper_tiling.fp8_output_config(m, n, k)
+    assert (fp8.tile_m, fp8.tile_n, fp8.wg_split, fp8.k_step, fp8.stages, fp8.scale_product,
+            fp8.epi_tile_n) == (64, 128, "k", 1, 6, False, 128), (m, n, k, fp8)
+    assert hopper_cost.units(fp8, m, n) <= 132
+  # ... not where they would take two waves, nor without 128 x 128 b scales.
+  assert hopper_tiling.fp8_output_config(512, 2112, 7168).tile_m == 128  # 136 of them
+  assert not hopper_tiling._fp8_mid_k_split(384, 2112, 7168, 1, num_sms=132)
   for m, n, k in ((128, 7168, 16384), (64, 7168, 2048), (128, 7168, 2048), (64, 24576, 1536),
                   (128, 32768, 512), (128, 36864, 7168), (384, 4096, 7168), (640, 2112, 7168),
                   (512, 4096, 7168), (256, 7168, 16384), (256, 2112, 2048), (2048, 2112, 7168)):
@@ -546,18 +560,26 @@ def test_mid_m_narrow_tiles():
       fp8 = hopper_tiling.fp8_output_config(m, n, k)
       assert tile(fp8) == want and fp8.smem_bytes(FP8, None) <= hopper_tiling.SMEM_BYTES
       assert hopper_tiling.fp8_output_config(m, n, k, c_dtype=F32).stages == 2
-  # Where M leaves the last row tile partial, only the 64 x 64 tiles splitting K, at a
-  # cost (their partial row tile's CTAs are the slow ones).
-  for m, n, k in ((200, 2112, 7168), (129, 576, 7168), (700, 576, 7168)):
+  # Where M leaves the last row tile partial, only the forms splitting K, each at its
+  # cost: the 64 x 64 tiles at 1.75x (their partial row tile's CTAs are the slow ones),
+  # the 64 x 96 ones ranked at 1.3x (their kernel as fast as at whole row tiles), so
+  # that they take the shapes the 64 x 128 tiles split by columns had (1.03-1.36x
+  # faster) and leave 190x2112 and 700x576 to the 64 x 64 form (0.82 / 0.94x of it).
+  k64 = (64, 64, "k", 2, 6, False)
+  for m, n, k, want in ((200, 2112, 7168, k64), (129, 576, 7168, k64), (700, 576, 7168, k64),
+                        (190, 2112, 7168, k64), (300, 2112, 7168, k96), (330, 2112, 7168, k96),
+                        (450, 1536, 7168, k96), (600, 1024, 7168, k96), (1000, 576, 7168, k96),
+                        (129, 3072, 7168, k96), (260, 2112, 16384, k96), (750, 1024, 4096, k96)):
     cfg = hopper_tiling.default_config(m, n, k)
-    assert tile(cfg) == (64, 64, "k", 2, 6, False), (m, n, k, cfg)
+    assert tile(cfg) == want, (m, n, k, cfg)
     aligned = -(-m // 64) * 64  # the same tiles, the last one whole
+    cost = hopper_cost.MID_M_PARTIAL_ROWS_COST[hopper_cost.tile_key(cfg)]
+    assert cost == (1.75 if want == k64 else 1.3)
     assert hopper_cost.estimated_time_us(cfg, m, n, k) == pytest.approx(
-        hopper_cost.MID_M_PARTIAL_ROWS_COST * hopper_cost.estimated_time_us(
-            cfg, aligned, n, k), rel=0.01)
+        cost * hopper_cost.estimated_time_us(cfg, aligned, n, k), rel=0.01)
   # Not 128- or 256-row forms over a partial row tile (192 / 1000 rows), nor over several
   # waves, short K loops, past MID_M_MAX, or in grouped and per-row-b GEMMs.
-  for m, n, k, kw in ((192, 7168, 7168, {}), (1000, 2112, 7168, {}), (300, 2112, 7168, {}),
+  for m, n, k, kw in ((192, 7168, 7168, {}), (1000, 2112, 7168, {}), (300, 7168, 7168, {}),
                       (1024, 4096, 7168, {}), (256, 7168, 2048, {}), (512, 7168, 7168, {}),
                       (256, 2112, 2048, {}), (2048, 2112, 7168, {}), (4096, 2112, 7168, {}),
                       (256, 2112, 7168, dict(b_scale_rows=1)),
