@@ -49,13 +49,17 @@ class Backend:
   interpretable: bool = False                  # runs on the CPU in Pallas GPU interpret mode
   symbolic_shapes: bool = False                # takes symbolic M (jax.export shape polymorphism)
 
-  def reason_unavailable(self, platform: str) -> str | None:
-    """Why this backend cannot run on `platform` here (device and mode), or None."""
+  def reason_unavailable(self, platform: str, explicit: bool = True) -> str | None:
+    """Why this backend cannot run on `platform` here (device and mode), or None.
+    explicit: the call names it. Pallas GPU interpret mode runs a named kernel on the
+    host whatever the platform (a Blackwell kernel on a Hopper machine too); "auto"
+    still picks by the GPU's generation there."""
     if self.arch is None:
       return None
+    if (self.interpretable and explicit and platform in ("cpu", "cuda")
+        and device.interpret_mode_active()):
+      return None
     if platform == "cpu":
-      if self.interpretable and device.interpret_mode_active():
-        return None
       also = (", or Pallas GPU interpret mode on the CPU (plgpu.force_gpu_interpret_mode(...))"
               if self.interpretable else "")
       return f"backend={self.name!r} needs {self.needs}{also}; this call is lowered for the CPU"
@@ -96,9 +100,10 @@ def _module(name: str):
     return None, f"its module {path} could not be imported ({e})"
 
 
-def _reason_unavailable(backend: Backend, platform: str, op: str, problem: dict) -> str | None:
+def _reason_unavailable(backend: Backend, platform: str, op: str, problem: dict,
+                        explicit: bool) -> str | None:
   """None if `backend` can run this problem here, else why not."""
-  reason = backend.reason_unavailable(platform)
+  reason = backend.reason_unavailable(platform, explicit)
   if reason is not None:
     return reason
   symbolic = [f"{d.upper()} = {problem[d]}" for d in ("m", "n", "k") if not is_static(problem[d])]
@@ -151,7 +156,7 @@ def select(platform: str, backend: str, op: str = "blockwise_fp8_dot", **problem
   else:
     names = (backend,)
   for name in names:
-    reason = _reason_unavailable(BACKENDS[name], platform, op, problem)
+    reason = _reason_unavailable(BACKENDS[name], platform, op, problem, backend != "auto")
     if reason is None:
       return name, getattr(_module(name)[0], op)
     if backend != "auto":

@@ -229,6 +229,26 @@ def test_gpu_backends_on_the_cpu_say_why(backend):
       jax_fp8.blockwise_fp8_dot(*o.args()[:4], backend=backend)
 
 
+def test_interpret_mode_runs_a_named_kernel_on_any_gpu(monkeypatch):
+  """In GPU interpret mode a named Pallas backend runs on the host whatever GPU lowers
+  the call (the Blackwell kernel's interpret-mode tests on a Hopper machine); "auto"
+  still picks by the GPU's generation, and outside interpret mode the generation
+  decides."""
+  from jax_fp8 import backends
+  monkeypatch.setattr(device, "target_compute_capability", lambda: (9, 0))
+  problem = dict(m=8, n=128, k=128, out_dtype=F32, has_c=False)
+  with pytest.raises(jax_fp8.BackendUnavailableError, match="compute capability 9.0"):
+    backends.select("cuda", "pallas_sm100", **problem)
+  with testing.gpu_interpret_mode():
+    assert backends.select("cuda", "pallas_sm100", **problem)[0] == "pallas_sm100"
+    assert backends.select("cuda", "auto", **problem)[0] == "pallas_sm90"
+    monkeypatch.setattr(device, "target_compute_capability", lambda: (8, 0))
+    with pytest.raises(jax_fp8.BackendUnavailableError, match="compute capability 8.0"):
+      backends.select("cuda", "ffi", **problem)  # no interpret mode: its generation decides
+    with pytest.raises(jax_fp8.BackendUnavailableError, match="platform 'rocm'"):
+      backends.select("rocm", "pallas_sm100", **problem)
+
+
 # ---- per-row b scales (b_scale_block=(1, 128)) ---------------------------------------
 
 ROW = (1, 128)
