@@ -82,10 +82,11 @@ FP8_QUANTIZE_AFTER_MAX_FILL = 0.55
 # Between decode and MID_M_MAX rows (long K, 128 x 128 b scales) an FP8 output also
 # takes the decode FP8 tiles (64 x 128, the two warpgroups splitting K, 6 one-block
 # stages) where they fit one wave and fp8_k_split_us puts them ahead of the float32
-# output quantised after: they ran 14.0 / 14.5 us over 32 K blocks, 18.7-22.7 over 56,
-# 37.1-43.8 over 128 (at 15-128 tiles; FP8_K_SPLIT_FIXED_US + FP8_K_SPLIT_BLOCK_US a
-# block), and the quantised-after path its tiling's estimate plus 2.4-11.9 us (the
-# float32 stores, the quantiser's pass; FP8_QUANTIZE_AFTER_US). Ranked so, they are
+# output quantised after: they ran 14.0-15.4 us over 32 K blocks, 18.7-22.7 over 56,
+# 37.1-47.6 over 128 (at 15-128 tiles; calls at partial row tiles 2-5 us more, XLA's
+# pads; FP8_K_SPLIT_FIXED_US + FP8_K_SPLIT_BLOCK_US a block), and the quantised-after
+# path its tiling's estimate plus 2.4-11.9 us (the float32 stores, the quantiser's
+# pass; FP8_QUANTIZE_AFTER_US). Ranked so, they are
 # taken at 27 of 30 measured shapes of 129-1024 rows x 576-4096 columns x K = 4096-16384
 # and ran 1.08-1.71x the quantised-after path at 21 of them (geometric mean over the 27:
 # 1.19x), 0.995x at 384x1536x7168 and 0.94-0.99x at five (160x576x7168, 300x1024x4096,
