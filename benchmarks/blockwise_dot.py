@@ -70,8 +70,9 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  flags.DEFINE_string("shapes", "auto", "deepseek_v3 (18 shapes), small, a comma list of "
-                      "MxNxK, or auto (deepseek_v3 on a GPU, small on the CPU)")
+  flags.DEFINE_string("shapes", "auto", "deepseek_v3 (18 shapes), mid_m (15 shapes of "
+                      "256-1000 rows), small, a comma list of MxNxK, or auto (deepseek_v3 "
+                      "on a GPU, small on the CPU)")
   flags.DEFINE_enum("out_dtype", "bfloat16", ["bfloat16", "float32"], "output dtype")
   flags.DEFINE_integer("interpret_max_mnk", 128 * 256 * 512, "largest M*N*K for --interpret")
   flags.DEFINE_enum("tensorwise_scales", "one", ["one", "runtime"], "xla_fp8_tensorwise: "

@@ -172,6 +172,19 @@ def test_pallas_backend_on_cpu_points_to_interpret():
     _short_usage_error(proc, f"--backends={name}", "--interpret")
 
 
+def test_shape_presets():
+  bench_dir = os.path.join(ROOT, "benchmarks")
+  if bench_dir not in sys.path:
+    sys.path.insert(0, bench_dir)
+  from blockwise_dot import parse_shapes
+  assert len(parse_shapes("deepseek_v3", on_gpu=False)) == 18
+  mid = parse_shapes("mid_m", on_gpu=False)
+  # 256-1000 rows at the DeepSeek-V3 weights of K >= 4096, some with a partial row tile.
+  assert len(mid) == 15 and {m for m, _, _ in mid} == {256, 300, 384, 512, 1000}
+  assert all(k >= 4096 for _, _, k in mid)
+  assert parse_shapes("mid_m,256x2112x7168", on_gpu=True) == mid  # duplicates dropped
+
+
 def test_bad_shapes_is_a_short_error():
   _short_usage_error(_run_rc(BENCH, "--shapes=foo"), "--shapes: 'foo'", "deepseek_v3")
   _short_usage_error(_run_rc(BENCH, "--shapes=small", "stray"), "unexpected arguments")

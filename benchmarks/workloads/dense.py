@@ -35,6 +35,11 @@ PRESETS = {
     "deepseek_v3": tuple((m, n, k) for n, k in DEEPSEEK_V3_NK for m in (64, 128, 4096)),
     # Small enough for the CPU; 100x200x300 has unaligned M, N and a partial K block.
     "small": ((64, 128, 256), (100, 200, 300), (128, 256, 512), (256, 512, 1024)),
+    # Between decode and prefill, where the Hopper rules take narrow one-wave tiles
+    # (hopper_cost.MID_M_FORMS): whole row tiles and a partial last one, at the
+    # DeepSeek-V3 weights with K >= 4096.
+    "mid_m": tuple((m, n, k) for n, k in DEEPSEEK_V3_NK if k >= 4096
+                   for m in (256, 300, 384, 512, 1000)),
 }
 
 # Per-tensor scales of the xla_fp8_tensorwise peer with --tensorwise_scales=runtime
