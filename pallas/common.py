@@ -71,23 +71,28 @@ def _pad_last2(x, rows: int, cols: int):
 
 def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple: int,
                 transpose_a_scale: bool = True, a_scale_rows_multiple: int = 1,
-                out_n: int | None = None):
+                out_n: int | None = None, short_a_box: bool = False):
   """Zero-pads a [Ga, M, K], b [Gb, N, K], c [1, M, N] (and the A-scales
   [Ga, M, kb]) to what tiled TMA and the kernel can address.
 
   Mosaic's TMA views a global array through the SMEM tiling ((8, 128) for the
   FP8 operands, (8, 128 B) for the epilogue), so a dimension must be a multiple
-  of its tile or smaller than it, and a TMA box may not exceed the array.
+  of its tile or smaller than it. A box past the array reads zeros, slowly where
+  it is mostly past (short_a_box_rows), so a is padded to a whole tile unless the
+  kernel shortens its box.
   Zero padding is exact (padded K adds zero products) and is sliced off the
   output. The DeepSeek-V3 shapes (K, N multiples of 128) need none for a, b.
   out_n: the output's columns where they are not b's rows (a GLU's are half).
+  short_a_box: the kernel loads fewer rows of a than a tile where a has fewer
+  (short_a_box_rows): a is padded to whole 8-row tiles only, and not at all where
+  M <= 8 (a dimension smaller than its tile).
   """
   m, k = a.shape[-2:]
   n = b.shape[-2]
   kp = round_up(k, K_BLOCK)
   rows = max(round_up(m, 8), tile_m)
   out_cols = max(round_up(out_n or n, out_cols_multiple), tile_n)
-  a = _pad_last2(a, rows, kp)
+  a = _pad_last2(a, (m if m <= 8 else round_up(m, 8)) if short_a_box else rows, kp)
   b = _pad_last2(b, max(round_up(n, 8), tile_n), kp)
   if c is not None:
     c = _pad_last2(c, rows, out_cols)
@@ -98,6 +103,14 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
     # Every row a tile reads must exist: plain loads have no TMA bounds check.
     a_scale = _pad_last2(a_scale, round_up(m, a_scale_rows_multiple), a_scale.shape[-1])
   return TmaOperands(a, a_scale, b, c, rows, out_cols)
+
+
+def short_a_box_rows(a_rows: int, tile_m: int) -> int:
+  """Rows of a's TMA box where a (as padded, short_a_box) has fewer rows than a
+  tile: whole 8-row tiles of SMEM, the rest of the tile left as it was (its rows'
+  outputs are never stored). A box mostly past a's rows is slow: at one row of a,
+  a 64-row box made a decode kernel ~5 us slower (H100, 2026-11-28)."""
+  return min(tile_m, round_up(a_rows, 8))
 
 
 def gate_activation(name: str, x):

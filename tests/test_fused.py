@@ -157,9 +157,17 @@ def test_dot_fp8_output_is_its_float32_result_quantised(backend, power_of_two, m
   assert q.dtype == FP8 and q.shape == (2, 70, 300) and s.shape == (2, 70, 3)
   assert bool(calls) == quantised_after, "the quantise-after path was (not) taken"
   want_q, want_s = model_1x128(np.asarray(y, np.float32).reshape(140, 300), power_of_two)
-  np.testing.assert_array_equal(np.asarray(s).reshape(140, 3), want_s)
-  np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)).reshape(140, 300),
-                                want_q.astype(np.float32))
+  got_s = np.asarray(s).reshape(140, 3)
+  got_q = np.asarray(q.astype(jnp.float32)).reshape(140, 300)
+  if jax.default_backend() == "cpu":
+    np.testing.assert_array_equal(got_s, want_s)
+    np.testing.assert_array_equal(got_q, want_q.astype(np.float32))
+  else:
+    # On a GPU the two programs' float32 results may differ in a last bit (XLA picks
+    # each program's dot algorithm): a scale amax / 448 by an ulp, a value by one e4m3
+    # step where it sits on a rounding boundary.
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-6)
+    np.testing.assert_allclose(got_q, want_q.astype(np.float32), rtol=2.0**-3, atol=2.0**-9)
 
 
 def test_dot_fp8_output_needs_a_static_beta():

@@ -116,6 +116,33 @@ def _masked_operands(seed, g, m, n, k, masked_m):
 KERNELS = {"sm90": hopper, "sm100": blackwell}
 
 
+@pytest.mark.parametrize("cfg", [H_K_SPLIT, dataclasses.replace(H_SMALL, k_step=2)],
+                         ids=["k_split", "n_split"])
+@pytest.mark.parametrize("m,out_dtype,with_c", [(1, F32, False), (8, BF16, True),
+                                                 (16, F32, True), (33, F32, False)])
+def test_short_a_box(cfg, m, out_dtype, with_c):
+  """Fewer rows of a than a tile: a's TMA box holds whole 8-row tiles of them (a
+  not padded up to 8 rows), the tile's other SMEM rows left as they were (NaN at
+  first): their outputs must never be stored."""
+  ops = testing.random_operands(m, m, 200, 700, with_c=with_c)
+  out = _interpret(lambda *x: hopper.blockwise_fp8_dot(*x, beta=0.5, out_dtype=out_dtype,
+                                                       config=cfg), *ops.args())
+  testing.assert_close(out, testing.reference_f64(*ops.args(), beta=0.5), out_dtype)
+
+
+@pytest.mark.parametrize("m,a_rows", [(1, 1), (7, 7), (8, 8), (33, 40), (64, 64), (100, 104)])
+def test_a_padded_to_whole_row_tiles_of_8_only(m, a_rows):
+  s = jax.ShapeDtypeStruct
+  text = _lower(lambda a, sa, b, sb: hopper.blockwise_fp8_dot(
+      a, sa, b, sb, None, beta=1.0, out_dtype=BF16, config=H_K_SPLIT),
+      s((m, 1024), FP8), s((m, 8), jnp.float32), s((256, 1024), FP8), s((2, 8), jnp.float32))
+  fp8_pads = [line for line in text.splitlines() if "stablehlo.pad" in line and "f8E4M3FN" in line]
+  if a_rows == m:
+    assert not fp8_pads
+  else:
+    assert len(fp8_pads) == 1 and f"tensor<1x{a_rows}x1024xf8E4M3FN>" in fp8_pads[0], fp8_pads
+
+
 @pytest.mark.parametrize("arch,cfg,m,n,k,out_dtype", [
     ("sm90", H_SMALL, 70, 200, 300, F32),                   # one chunk per warpgroup
     ("sm90", dataclasses.replace(H_SMALL, k_step=2), 70, 130, 300, BF16),  # last step past K
@@ -188,6 +215,7 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_m=2), 130, [0, 130, 37, 65], F32),
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_n=2), 130, [0, 130, 37], BF16),
     ("sm90", dataclasses.replace(H_K_SPLIT, k_step=2), 100, [0, 100, 37], F32),
+    ("sm90", H_SMALL, 24, [24, 0, 9], F32),  # groups of fewer rows than a tile: short a boxes
     ("sm100", B_SMALL, 130, [0, 130, 37], F32),
 ])
 def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):

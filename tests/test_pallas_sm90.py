@@ -622,6 +622,16 @@ def test_gpu_mid_m_narrow_tiles(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
+    (8, 2112, 7168, BF16, False), (16, 7168, 2048, F32, True), (40, 4096, 7168, BF16, True),
+    (3, 18432, 7168, F32, True), (56, 7168, 16384, BF16, False), (33, 1536, 7168, F32, False)])
+def test_gpu_short_a_box(m, n, k, out_dtype, with_c):
+  # Decode calls of fewer rows than a tile: a's TMA box of whole 8-row tiles, a not
+  # padded to the tile (M = 33: to 40 rows).
+  _gpu_check(m, n, k, out_dtype, with_c=with_c, seed=m)
+
+
+@requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k,out_dtype,with_c,default", [
     (1024, 4096, 7168, BF16, False, True), (1792, 2112, 7168, BF16, False, True),
     (1280, 18432, 4096, F32, False, True), (1100, 4096, 7168, F32, True, False),
