@@ -46,7 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, problem, quant_math
 from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, gate_activation, pad_for_tma,
-                                   tiled, unsupported_reason)
+                                   short_a_box_rows, tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
 from jax_fp8.pallas.recipe import zero_unless
@@ -128,6 +128,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   n_pieces = tile_n // epi_n
   sched = dataclasses.replace(prob.scheduler, **meta)
   fp8 = a_gmem.dtype
+  a_box = short_a_box_rows(a_gmem.shape[1], tile_m)  # a's TMA rows: fewer where a has fewer
   out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   scratch = dict(
       a_smem=plgpu.SMEM((cfg.input_stages, tile_m, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
@@ -189,8 +190,12 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
           with produce(step) as st:
             bar = ring.producer_mbar(st)
             kcols = pl.ds(kb * K_BLOCK, K_BLOCK)
-            plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols],
-                                    a_smem.at[st.index], bar)
+            if a_box < tile_m:  # one row tile of a, short (whole 8-row tiles)
+              plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, a_box), kcols],
+                                      a_smem.at[st.index, pl.ds(0, a_box)], bar)
+            else:
+              plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols],
+                                      a_smem.at[st.index], bar)
             if prob.glu_rows:  # gate rows beside the same up rows
               half = tile_n // 2
               for j, row0 in enumerate((tile.n0, prob.glu_rows + tile.n0)):
@@ -372,7 +377,8 @@ def _tiling(cfg: BlackwellConfig) -> problem.Tiling:
   def pad(a, a_scale, b, c, out_dtype, out_n=None):
     del out_dtype  # every output dtype's pieces are epi_tile_n columns
     return pad_for_tma(a, a_scale.astype(jnp.float32), b, c, tile_m=cfg.tile_m,
-                       tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n, out_n=out_n)
+                       tile_n=cfg.tile_n, out_cols_multiple=cfg.epi_tile_n, out_n=out_n,
+                       short_a_box=True)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad)
 
 

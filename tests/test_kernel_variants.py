@@ -116,17 +116,18 @@ def _masked_operands(seed, g, m, n, k, masked_m):
 KERNELS = {"sm90": hopper, "sm100": blackwell}
 
 
-@pytest.mark.parametrize("cfg", [H_K_SPLIT, dataclasses.replace(H_SMALL, k_step=2)],
-                         ids=["k_split", "n_split"])
+@pytest.mark.parametrize("arch,cfg", [("sm90", H_K_SPLIT),
+                                      ("sm90", dataclasses.replace(H_SMALL, k_step=2)),
+                                      ("sm100", B_SMALL)], ids=["k_split", "n_split", "sm100"])
 @pytest.mark.parametrize("m,out_dtype,with_c", [(1, F32, False), (8, BF16, True),
                                                  (16, F32, True), (33, F32, False)])
-def test_short_a_box(cfg, m, out_dtype, with_c):
+def test_short_a_box(arch, cfg, m, out_dtype, with_c):
   """Fewer rows of a than a tile: a's TMA box holds whole 8-row tiles of them (a
   not padded up to 8 rows), the tile's other SMEM rows left as they were (NaN at
   first): their outputs must never be stored."""
   ops = testing.random_operands(m, m, 200, 700, with_c=with_c)
-  out = _interpret(lambda *x: hopper.blockwise_fp8_dot(*x, beta=0.5, out_dtype=out_dtype,
-                                                       config=cfg), *ops.args())
+  out = _interpret(lambda *x: KERNELS[arch].blockwise_fp8_dot(
+      *x, beta=0.5, out_dtype=out_dtype, config=cfg), *ops.args())
   testing.assert_close(out, testing.reference_f64(*ops.args(), beta=0.5), out_dtype)
 
 
