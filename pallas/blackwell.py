@@ -45,8 +45,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, problem, quant_math
-from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, gate_activation, pad_for_tma,
-                                   short_a_box_rows, tiled, unsupported_reason)
+from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, copy_a_rows, gate_activation,
+                                   pad_for_tma, tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
 from jax_fp8.pallas.recipe import zero_unless
@@ -128,7 +128,6 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   n_pieces = tile_n // epi_n
   sched = dataclasses.replace(prob.scheduler, **meta)
   fp8 = a_gmem.dtype
-  a_box = short_a_box_rows(a_gmem.shape[1], tile_m)  # a's TMA rows: fewer where a has fewer
   out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   scratch = dict(
       a_smem=plgpu.SMEM((cfg.input_stages, tile_m, K_BLOCK), fp8, transforms=tiled(fp8, K_BLOCK)),
@@ -190,12 +189,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
           with produce(step) as st:
             bar = ring.producer_mbar(st)
             kcols = pl.ds(kb * K_BLOCK, K_BLOCK)
-            if a_box < tile_m:  # one row tile of a, short (whole 8-row tiles)
-              plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, a_box), kcols],
-                                      a_smem.at[st.index, pl.ds(0, a_box)], bar)
-            else:
-              plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols],
-                                      a_smem.at[st.index], bar)
+            copy_a_rows(a_gmem, tile.a_group, tile.m0, kcols, a_smem.at[st.index], bar,
+                        tile_m=tile_m)
             if prob.glu_rows:  # gate rows beside the same up rows
               half = tile_n // 2
               for j, row0 in enumerate((tile.n0, prob.glu_rows + tile.n0)):

@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 K_BLOCK = 128          # one scale block of K = one pipeline step
@@ -106,11 +107,26 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
 
 
 def short_a_box_rows(a_rows: int, tile_m: int) -> int:
-  """Rows of a's TMA box where a (as padded, short_a_box) has fewer rows than a
-  tile: whole 8-row tiles of SMEM, the rest of the tile left as it was (its rows'
-  outputs are never stored). A box mostly past a's rows is slow: at one row of a,
-  a 64-row box made a decode kernel ~5 us slower (H100, 2026-11-28)."""
-  return min(tile_m, round_up(a_rows, 8))
+  """Rows of a's TMA box for its last row tile (a as padded, short_a_box): whole
+  8-row tiles of the rows it holds, tile_m where they fill it; the rest of the
+  SMEM tile is left as it was (its rows' outputs are never stored). A box mostly
+  past a's rows is slow: at one row of a, a 64-row box made a decode kernel ~5 us
+  slower (H100, 2026-11-28)."""
+  rows = a_rows % tile_m
+  return tile_m if rows == 0 else round_up(rows, 8)
+
+
+def copy_a_rows(a_gmem, group, m0, kcols, dst, barrier, *, tile_m: int, collective_axes=None):
+  """The TMA of a's row tile from row m0 (columns kcols) into dst ([tile_m, ...]
+  SMEM): a box of tile_m rows, or, where a holds fewer rows than a tile, of
+  short_a_box_rows (into dst's first rows). A multicast copy (collective_axes)
+  keeps whole tiles."""
+  a_rows = a_gmem.shape[1]
+  box = tile_m if collective_axes or a_rows > tile_m else short_a_box_rows(a_rows, tile_m)
+  # (A CTA pair's second tile, past a's rows, takes the short box too.)
+  plgpu.copy_gmem_to_smem(a_gmem.at[group, pl.ds(m0, box), kcols],
+                          dst if box == tile_m else dst.at[pl.ds(0, box)], barrier,
+                          collective_axes=collective_axes)
 
 
 def gate_activation(name: str, x):

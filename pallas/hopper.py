@@ -53,8 +53,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, problem, quant_math
-from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, gate_activation,
-                                   pad_for_tma, short_a_box_rows, tiled, unsupported_reason)
+from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, copy_a_rows,
+                                   gate_activation, pad_for_tma, tiled, unsupported_reason)
 # kernel_dtypes: also imported from here by earlier revisions' hopper_tiling.py
 # (tools/tiling_picks.py --rev loads them against this tree).
 from jax_fp8.pallas.hopper_config import CHUNK_M, HopperConfig, kernel_dtypes  # noqa: F401
@@ -90,8 +90,6 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
   sched = dataclasses.replace(prob.scheduler, **meta)  # its GMEM refs (tables; _run: units_ref)
   out_dtype = (out_gmem[0] if prob.quantize_out else out_gmem).dtype
   fp8 = a_gmem.dtype
-  # Rows of a's TMA box: a tile, or fewer where a has fewer (not padded to a tile).
-  a_box = tile_m if cfg.cluster_n > 1 else short_a_box_rows(a_gmem.shape[1], tile_m)
   cm, cn = cfg.chunk()
   stage_b_scales = cfg.tma_scales and prob.recipe.per_row_b
   full_arrivals = (3 if prob.glu_rows else 2) + cfg.tma_scales + stage_b_scales
@@ -192,13 +190,9 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
                 if stage_b_scales:
                   plgpu.copy_gmem_to_smem(bs_gmem.at[tp.b_group, kb, pl.ds(tile.n0, tile_n)],
                                           b_scales.at[st.index], bar)
-              if a_box < tile_m:  # one row tile of a, short (whole 8-row tiles)
-                plgpu.copy_gmem_to_smem(a_gmem.at[tile.a_group, pl.ds(tile.m0, a_box), kcols],
-                                        a_smem.at[st.index, pl.ds(0, a_box)], bar)
-              else:
-                plgpu.copy_gmem_to_smem(
-                    a_gmem.at[tile.a_group, pl.ds(tile.m0, tile_m), kcols], a_smem.at[st.index],
-                    bar, collective_axes=cluster_axes if cfg.cluster_n > 1 else None)
+              copy_a_rows(a_gmem, tile.a_group, tile.m0, kcols, a_smem.at[st.index], bar,
+                          tile_m=tile_m,
+                          collective_axes=cluster_axes if cfg.cluster_n > 1 else None)
               if prob.glu_rows:  # gate rows beside the same up rows
                 half = tile_n // 2
                 for i, row0 in enumerate((tile.n0, prob.glu_rows + tile.n0)):

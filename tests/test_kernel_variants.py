@@ -120,11 +120,13 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
                                       ("sm90", dataclasses.replace(H_SMALL, k_step=2)),
                                       ("sm100", B_SMALL)], ids=["k_split", "n_split", "sm100"])
 @pytest.mark.parametrize("m,out_dtype,with_c", [(1, F32, False), (8, BF16, True),
-                                                 (16, F32, True), (33, F32, False)])
+                                                 (16, F32, True), (33, F32, False),
+                                                 (100, BF16, True), (136, F32, False)])
 def test_short_a_box(arch, cfg, m, out_dtype, with_c):
   """Fewer rows of a than a tile: a's TMA box holds whole 8-row tiles of them (a
-  not padded up to 8 rows), the tile's other SMEM rows left as they were (NaN at
-  first): their outputs must never be stored."""
+  not padded to the tile, nor up to 8 rows), the tile's other SMEM rows left as
+  they were (NaN at first): their outputs must never be stored. 100 / 136 rows: a
+  last row tile partly past a's rows (36 / 8 rows of 64; 128-row tiles: 8 of 128)."""
   ops = testing.random_operands(m, m, 200, 700, with_c=with_c)
   out = _interpret(lambda *x: KERNELS[arch].blockwise_fp8_dot(
       *x, beta=0.5, out_dtype=out_dtype, config=cfg), *ops.args())
