@@ -51,7 +51,7 @@ def tiled(dtype, cols):
 class TmaOperands:
   """Operands padded for tiled TMA, each with its leading group axis; the
   kernel's output is (groups, rows, out_cols)."""
-  a: jax.Array         # [Ga, rows, K']
+  a: jax.Array         # [Ga, rows, K'] (short_a_box: M rounded up to 8 where M > 8)
   # The A-scales, either transposed ([Ga, K blocks, rows]: a tile's scales of
   # one K block are one (1, tile_m) TMA box) or as given ([Ga, rows', K
   # blocks], rows padded for kernels that load them straight from GMEM).
