@@ -118,15 +118,25 @@ def short_a_box_rows(a_rows: int, tile_m: int) -> int:
 
 def copy_a_rows(a_gmem, group, m0, kcols, dst, barrier, *, tile_m: int, collective_axes=None):
   """The TMA of a's row tile from row m0 (columns kcols) into dst ([tile_m, ...]
-  SMEM): a box of tile_m rows, or, where a holds fewer rows than a tile, of
-  short_a_box_rows (into dst's first rows). A multicast copy (collective_axes)
-  keeps whole tiles."""
+  SMEM): a box of tile_m rows, or, for the last row tile where a's rows end
+  inside it, of short_a_box_rows (into dst's first rows). A multicast copy
+  (collective_axes) keeps whole tiles."""
   a_rows = a_gmem.shape[1]
-  box = tile_m if collective_axes or a_rows > tile_m else short_a_box_rows(a_rows, tile_m)
-  # (A CTA pair's second tile, past a's rows, takes the short box too.)
-  plgpu.copy_gmem_to_smem(a_gmem.at[group, pl.ds(m0, box), kcols],
-                          dst if box == tile_m else dst.at[pl.ds(0, box)], barrier,
-                          collective_axes=collective_axes)
+  box = tile_m if collective_axes else short_a_box_rows(a_rows, tile_m)
+  last_m0 = (a_rows - 1) // tile_m * tile_m
+
+  def copy(rows):
+    plgpu.copy_gmem_to_smem(a_gmem.at[group, pl.ds(m0, rows), kcols],
+                            dst if rows == tile_m else dst.at[pl.ds(0, rows)], barrier,
+                            collective_axes=collective_axes)
+  if box == tile_m:
+    copy(tile_m)
+  elif last_m0 == 0:  # one row tile (and a CTA pair's second, past a's rows)
+    copy(box)
+  else:
+    last = m0 == last_m0
+    pl.when(last)(lambda: copy(box))
+    pl.when(jnp.logical_not(last))(lambda: copy(tile_m))
 
 
 def gate_activation(name: str, x):

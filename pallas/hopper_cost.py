@@ -132,17 +132,18 @@ LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
 # 512x2112x7168; 256 x 64 (two 64 x 64 chunks a warpgroup) 1.11x at 1024x2112x7168.
 # Over several waves they lost (0.55-0.98x at 192-1024 rows; H100 2026-11-27).
 MID_M_MAX = 1024
-# Where M leaves the last row tile partial, the forms splitting K -> their time there
-# relative to whole row tiles. The 64 x 64 tiles ran 1.3-1.75x (190 / 200 x 2112 x 7168,
-# 700x576x7168; at 200 rows the kernel alone 1.40x), still 1.24-1.58x the picks before
-# them. The 64 x 96 kernel ran as fast as at whole row tiles (0.94-1.00x at 300 / 450 /
-# 1000 rows; what the call adds there, XLA's pads of a and a_scale to whole 8- and 64-row
-# blocks, every tiling pays): ranked at 1.3, it takes the partial row tiles the 64 x 128
-# tiles split by columns had (1.03-1.36x faster at 14 shapes of 129-1000 rows x 576-4096
+# Where M leaves the last row tile partial, the forms splitting K (the others take whole
+# row tiles only) rank at this multiple of their time at whole row tiles. Their kernels
+# run as fast as at whole row tiles (64 x 96 0.94-1.00x at 300 / 450 / 1000 rows; 64 x
+# 64 at 200 rows 1.40x slower while the last tile's TMA box ran 56 of its 64 rows past
+# a, 1.48x faster since the box holds only a's rows: common.copy_a_rows); what the call
+# adds there, XLA's pads of a and a_scale to whole 8- and 64-row blocks, every tiling
+# pays. Ranked at 1.3, the 64 x 96 form takes the partial row tiles the 64 x 128 tiles
+# split by columns had (1.03-1.36x faster at 14 shapes of 129-1000 rows x 576-4096
 # columns x K = 4096-16384, geometric mean 1.23) and leaves 190x2112x7168, 700x576x7168
 # to the 64 x 64 form (there 0.82 / 0.94x of it; H100 2026-11-28). 128 x 64 and 256 x 64
 # ran 0.83-1.13x: those take whole row tiles only.
-MID_M_PARTIAL_ROWS_COST = {(64, 64, "k", 2): 1.75, (64, 96, "k", 2): 1.3}
+MID_M_PARTIAL_ROWS_COST = 1.3
 # In that one wave 64 x 128 tiles split by columns (one 64 x 64 WGMMA a warpgroup and
 # step) ran at 0.58 of 128 x 256's efficiency, not the 0.8 of full waves: 20.8-22.4 us
 # at 51-128 tiles over 56 K blocks (192 / 256 / 384 rows x 2112 / 4096 columns).
@@ -631,7 +632,7 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
   if mid:
     efficiency = MID_M_FORMS[tile_key(cfg)][1]
     if m % cfg.tile_m:
-      efficiency /= MID_M_PARTIAL_ROWS_COST[tile_key(cfg)]
+      efficiency /= MID_M_PARTIAL_ROWS_COST
   elif one_wave and tile_key(cfg) == (64, 128, "n", 2) and _mid_m(m, k, table):
     efficiency = MID_M_ONE_WAVE_64X128
   elif scaled_ring_tile(cfg, m, k, table):
