@@ -72,7 +72,8 @@ def _pad_last2(x, rows: int, cols: int):
 
 def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple: int,
                 transpose_a_scale: bool = True, a_scale_rows_multiple: int = 1,
-                out_n: int | None = None, short_a_box: bool = False):
+                few_a_scale_rows: int = 0, out_n: int | None = None,
+                short_a_box: bool = False):
   """Zero-pads a [Ga, M, K], b [Gb, N, K], c [1, M, N] (and the A-scales
   [Ga, M, kb]) to what tiled TMA and the kernel can address.
 
@@ -87,6 +88,8 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
   short_a_box: the kernel loads fewer rows of a than a tile where a has fewer
   (short_a_box_rows): a is padded to whole 8-row tiles only, and not at all where
   M <= 8 (a dimension smaller than its tile).
+  few_a_scale_rows: A-scales (as given) of at most this many rows are not padded:
+  the kernel reads them one by one (a decode call then runs no XLA pad at all).
   """
   m, k = a.shape[-2:]
   n = b.shape[-2]
@@ -102,7 +105,8 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
     a_scale = _pad_last2(jnp.swapaxes(a_scale, -1, -2), a_scale.shape[-1], rows)
   else:
     # Every row a tile reads must exist: plain loads have no TMA bounds check.
-    a_scale = _pad_last2(a_scale, round_up(m, a_scale_rows_multiple), a_scale.shape[-1])
+    if m > few_a_scale_rows:
+      a_scale = _pad_last2(a_scale, round_up(m, a_scale_rows_multiple), a_scale.shape[-1])
   return TmaOperands(a, a_scale, b, c, rows, out_cols)
 
 

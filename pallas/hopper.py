@@ -353,13 +353,15 @@ class _Warpgroup:
     chunks = self.chunks
     valid = kb < tile.k0 + self.prob.k_blocks
     kb = jnp.minimum(kb, tile.k0 + self.prob.k_blocks - 1)
-    scale_rows = self.as_gmem.shape[1]  # a multiple of CHUNK_M
+    scale_rows = self.as_gmem.shape[1]  # a multiple of CHUNK_M, or FEW_A_SCALE_ROWS at most
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     rows_scales = []
     for r in sorted({r for r, _ in chunks}):
       row0 = tile.m0 + wr + r
       if a_staged is not None:
         s = plgpu.load(a_staged.at[pl.ds(wr + r, cm)], layout=row_layout, optimized=False)
+      elif scale_rows < cm:
+        s = self.few_rows_scales(tile.a_group, kb, cm, row_layout)
       else:
         # Rows are padded to whole chunks only: a chunk wholly past them (past M:
         # its rows are never stored) reads the last chunk's.
@@ -384,6 +386,22 @@ class _Warpgroup:
     if len(self.parts) == 1 and cfg.scale_product and not recipe.per_row_b:
       return (recipe.row_factor(rows_scales[0], col_scales[0]),), ()
     return tuple(rows_scales), tuple(col_scales)
+
+  def few_rows_scales(self, group, kb, cm, row_layout):
+    """K block kb's a-scales where a_scale holds only FEW_A_SCALE_ROWS rows or
+    fewer (not padded to a chunk): each read on its own (a scalar) and selected
+    into its row of the chunk; the chunk's rows past them (past M, never stored)
+    take the last one's. (Every row through a select: a scalar broadcast cast to
+    the row layout on its own leaves Mosaic's layout inference without a
+    solution.)"""
+    def row(r):
+      return lax.broadcast_in_dim(self.as_gmem[group, r, kb], (cm,), ())
+    rows = plgpu.broadcasted_iota(jnp.int32, (cm,), 0, layout=row_layout)
+    n = self.as_gmem.shape[1]
+    s = jnp.where(rows == 0, row(0), row(n - 1))
+    for r in range(1, n - 1):
+      s = jnp.where(rows == r, row(r), s)
+    return s
 
   def b_blocks_spanned(self) -> int:
     """The most 128-row blocks of b a warpgroup's columns can span, over the
@@ -734,6 +752,14 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
   return launch.finish(kernel(a, a_scale, b, b_scale, c, meta))
 
 
+# A-scales of at most this many rows (batch-1 and -2 decode) are read one by one
+# (few_rows_scales) instead of padded to a 64-row chunk by an XLA pad beside the
+# kernel: 1.10-1.20x per call at 1 / 2 rows of 2112x7168, 7168x2048, 4096x7168; the
+# kernel itself 1.0-1.1 us slower at 4 rows and 1.5x slower at 8 (each row one more
+# scalar load and select a K block; H100 2026-11-28).
+FEW_A_SCALE_ROWS = 2
+
+
 def _tiling(cfg: HopperConfig) -> problem.Tiling:
   cfg.check()
   def pad(a, a_scale, b, c, out_dtype, out_n=None):
@@ -746,6 +772,7 @@ def _tiling(cfg: HopperConfig) -> problem.Tiling:
                        out_cols_multiple=max(64, tiling.tiling[1]),
                        transpose_a_scale=cfg.tma_scales,
                        a_scale_rows_multiple=cfg.tile_m if cfg.a_scale_window else CHUNK_M,
+                       few_a_scale_rows=0 if cfg.a_scale_window else FEW_A_SCALE_ROWS,
                        out_n=out_n, short_a_box=cfg.cluster_n == 1)
   return problem.Tiling(cfg.tile_m, cfg.tile_n, pad, cfg.grid_minor, cfg.group, cfg.split_k,
                         cfg.cluster_m, cfg.cluster_n, cfg.live_first)

@@ -119,31 +119,44 @@ KERNELS = {"sm90": hopper, "sm100": blackwell}
 @pytest.mark.parametrize("arch,cfg", [("sm90", H_K_SPLIT),
                                       ("sm90", dataclasses.replace(H_SMALL, k_step=2)),
                                       ("sm100", B_SMALL)], ids=["k_split", "n_split", "sm100"])
-@pytest.mark.parametrize("m,out_dtype,with_c", [(1, F32, False), (8, BF16, True),
+@pytest.mark.parametrize("m,out_dtype,with_c", [(1, F32, False), (2, BF16, True), (8, BF16, True),
                                                  (16, F32, True), (33, F32, False),
                                                  (100, BF16, True), (136, F32, False)])
 def test_short_a_box(arch, cfg, m, out_dtype, with_c):
   """Fewer rows of a than a tile: a's TMA box holds whole 8-row tiles of them (a
   not padded to the tile, nor up to 8 rows), the tile's other SMEM rows left as
   they were (NaN at first): their outputs must never be stored. 100 / 136 rows: a
-  last row tile partly past a's rows (36 / 8 rows of 64; 128-row tiles: 8 of 128)."""
+  last row tile partly past a's rows (36 / 8 rows of 64; 128-row tiles: 8 of 128).
+  1 / 2 rows: the Hopper kernel reads the a-scales one by one (not padded)."""
   ops = testing.random_operands(m, m, 200, 700, with_c=with_c)
   out = _interpret(lambda *x: KERNELS[arch].blockwise_fp8_dot(
       *x, beta=0.5, out_dtype=out_dtype, config=cfg), *ops.args())
   testing.assert_close(out, testing.reference_f64(*ops.args(), beta=0.5), out_dtype)
 
 
-@pytest.mark.parametrize("m,a_rows", [(1, 1), (7, 7), (8, 8), (33, 40), (64, 64), (100, 104)])
-def test_a_padded_to_whole_row_tiles_of_8_only(m, a_rows):
+@pytest.mark.parametrize("m,a_rows,scale_rows", [(1, 1, 1), (2, 2, 2), (3, 3, 64), (8, 8, 64),
+                                                 (33, 40, 64), (64, 64, 64), (100, 104, 128)])
+def test_decode_operands_padded_only_where_the_kernel_needs(m, a_rows, scale_rows):
+  """a: to whole 8-row tiles (its TMA box short), not at all up to 8 rows; its
+  scales: to whole 64-row chunks (the consumers' loads), not at all up to
+  FEW_A_SCALE_ROWS (read one by one): a decode call of 1 or 2 rows pads nothing."""
+  assert hopper.FEW_A_SCALE_ROWS == 2
   s = jax.ShapeDtypeStruct
   text = _lower(lambda a, sa, b, sb: hopper.blockwise_fp8_dot(
       a, sa, b, sb, None, beta=1.0, out_dtype=BF16, config=H_K_SPLIT),
       s((m, 1024), FP8), s((m, 8), jnp.float32), s((256, 1024), FP8), s((2, 8), jnp.float32))
-  fp8_pads = [line for line in text.splitlines() if "stablehlo.pad" in line and "f8E4M3FN" in line]
+  pads = [line for line in text.splitlines() if "stablehlo.pad" in line]
+  fp8_pads = [line for line in pads if "f8E4M3FN" in line]
+  scale_pads = [line for line in pads if "x8xf32>" in line]
+  assert len(pads) == len(fp8_pads) + len(scale_pads), pads
   if a_rows == m:
     assert not fp8_pads
   else:
     assert len(fp8_pads) == 1 and f"tensor<1x{a_rows}x1024xf8E4M3FN>" in fp8_pads[0], fp8_pads
+  if scale_rows == m:
+    assert not scale_pads
+  else:
+    assert len(scale_pads) == 1 and f"tensor<1x{scale_rows}x8xf32>" in scale_pads[0], scale_pads
 
 
 @pytest.mark.parametrize("arch,cfg,m,n,k,out_dtype", [
@@ -219,6 +232,7 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_n=2), 130, [0, 130, 37], BF16),
     ("sm90", dataclasses.replace(H_K_SPLIT, k_step=2), 100, [0, 100, 37], F32),
     ("sm90", H_SMALL, 24, [24, 0, 9], F32),  # groups of fewer rows than a tile: short a boxes
+    ("sm90", H_K_SPLIT, 2, [2, 0, 1], BF16),  # ... and a-scales read one by one
     ("sm100", B_SMALL, 130, [0, 130, 37], F32),
 ])
 def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):

@@ -624,10 +624,13 @@ def test_gpu_mid_m_narrow_tiles(m, n, k, out_dtype, with_c):
 @requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
     (8, 2112, 7168, BF16, False), (16, 7168, 2048, F32, True), (40, 4096, 7168, BF16, True),
-    (3, 18432, 7168, F32, True), (56, 7168, 16384, BF16, False), (33, 1536, 7168, F32, False)])
+    (3, 18432, 7168, F32, True), (56, 7168, 16384, BF16, False), (33, 1536, 7168, F32, False),
+    (1, 2112, 7168, BF16, True), (2, 7168, 2048, F32, False), (2, 4096, 7168, BF16, False),
+    (100, 2112, 7168, BF16, True), (200, 2112, 7168, F32, False)])
 def test_gpu_short_a_box(m, n, k, out_dtype, with_c):
   # Decode calls of fewer rows than a tile: a's TMA box of whole 8-row tiles, a not
-  # padded to the tile (M = 33: to 40 rows).
+  # padded to the tile (M = 33: to 40 rows); 1 / 2 rows: the a-scales read one by
+  # one; 100 / 200 rows: the last row tile's box holds only a's rows.
   _gpu_check(m, n, k, out_dtype, with_c=with_c, seed=m)
 
 
