@@ -120,27 +120,35 @@ def short_a_box_rows(a_rows: int, tile_m: int) -> int:
   return tile_m if rows == 0 else round_up(rows, 8)
 
 
+def for_row_tile_box(a_rows: int, tile_m: int, m0, body):
+  """body(box_rows) for the row tile from m0 of an array of a_rows rows: tile_m,
+  or for the last row tile where the rows end inside it, short_a_box_rows (the
+  TMA box of a row tile, as both kernels and the row-wise quantiser take it)."""
+  box = short_a_box_rows(a_rows, tile_m)
+  last_m0 = (a_rows - 1) // tile_m * tile_m
+  if box == tile_m:
+    body(tile_m)
+  elif last_m0 == 0:  # one row tile (and a CTA pair's second, past the rows)
+    body(box)
+  else:
+    last = m0 == last_m0
+    pl.when(last)(lambda: body(box))
+    pl.when(jnp.logical_not(last))(lambda: body(tile_m))
+
+
 def copy_a_rows(a_gmem, group, m0, kcols, dst, barrier, *, tile_m: int, collective_axes=None):
   """The TMA of a's row tile from row m0 (columns kcols) into dst ([tile_m, ...]
   SMEM): a box of tile_m rows, or, for the last row tile where a's rows end
   inside it, of short_a_box_rows (into dst's first rows). A multicast copy
   (collective_axes) keeps whole tiles."""
-  a_rows = a_gmem.shape[1]
-  box = tile_m if collective_axes else short_a_box_rows(a_rows, tile_m)
-  last_m0 = (a_rows - 1) // tile_m * tile_m
-
   def copy(rows):
     plgpu.copy_gmem_to_smem(a_gmem.at[group, pl.ds(m0, rows), kcols],
                             dst if rows == tile_m else dst.at[pl.ds(0, rows)], barrier,
                             collective_axes=collective_axes)
-  if box == tile_m:
+  if collective_axes:
     copy(tile_m)
-  elif last_m0 == 0:  # one row tile (and a CTA pair's second, past a's rows)
-    copy(box)
   else:
-    last = m0 == last_m0
-    pl.when(last)(lambda: copy(box))
-    pl.when(jnp.logical_not(last))(lambda: copy(tile_m))
+    for_row_tile_box(a_gmem.shape[1], tile_m, m0, copy)
 
 
 def gate_activation(name: str, x):

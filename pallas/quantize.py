@@ -39,9 +39,12 @@ Bytes per element (bf16 in): 2 read + 1 written per FP8 copy + 4/128 per
 scale; the benchmark (benchmarks/quantize.py) counts them and compares with a
 device-to-device copy of the input.
 
-Edges: TMA needs every GMEM dimension to be a multiple of its SMEM tile, so a
-shape that is not a multiple of the CTA tile is zero-padded (exact: zeros
-change no amax, and padded groups' outputs are sliced off).
+Edges: TMA needs every GMEM dimension to be a multiple of its SMEM tile (or
+smaller), so a shape that is not a multiple of the CTA tile is zero-padded
+(exact: zeros change no amax, and padded groups' outputs are sliced off). The
+row-wise quantiser pads rows only to whole 8-row tiles (not at all up to 8):
+its last row tile loads and stores only x's rows (an XLA pad of x is a copy
+of it, as long as the quantiser).
 
 Exact arithmetic: Mosaic GPU compiles float32 `/` to PTX `div.full.f32` (an
 approximation within 2 ulp), so the compiled kernels divide with
@@ -71,6 +74,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, quant_math
+from jax_fp8.pallas.common import for_row_tile_box
 
 GROUP = 128           # elements of one scale group (row-wise and column-wise); block edge
 E4M3_MAX = 448.0      # largest finite float8_e4m3fn
@@ -173,7 +177,7 @@ def _smem_transforms(dtype, cols: int):
 
 
 def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles: int,
-            transpose: bool, division: str):
+            transpose: bool, division: str, short_rows: bool):
   n_out = 4 if transpose else 2
   outs, scratch = refs[:n_out], refs[n_out:]
   q_gmem, s_gmem = outs[:2]
@@ -186,7 +190,21 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
   # same rows (and write neighbouring scales of them).
   ti, ki = lax.div(lax.axis_index("tile"), col_tiles), lax.rem(lax.axis_index("tile"), col_tiles)
   r0, c0 = ti * rows, ki * cols
-  plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(r0, rows), pl.ds(c0, cols)], x_smem, barrier)
+
+  def row_boxes(body):
+    """body(box rows): a whole tile, or (short_rows) only x's rows of its last
+    row tile (the SMEM rows past them hold garbage, and so do their row-wise
+    groups' outputs, which are never stored: their q past x's rows, their
+    scales sliced off)."""
+    if short_rows:
+      for_row_tile_box(x_gmem.shape[0], rows, r0, body)
+    else:
+      body(rows)
+
+  def load(box):
+    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(r0, box), pl.ds(c0, cols)],
+                            x_smem if box == rows else x_smem.at[pl.ds(0, box)], barrier)
+  row_boxes(load)
   plgpu.barrier_wait(barrier)
 
   # Register chunks: (x_smem window, q_smem window) of the row pass; of the
@@ -241,7 +259,9 @@ def _kernel(x_gmem, *refs, op: str, pow2: bool, rows: int, cols: int, col_tiles:
 
   quantize_pass(row_chunks, False, q_smem, s_gmem)
   plgpu.commit_smem()  # the generic-proxy SMEM writes, before TMA reads them
-  plgpu.copy_smem_to_gmem(q_smem, q_gmem.at[pl.ds(r0, rows), pl.ds(c0, cols)])
+  row_boxes(lambda box: plgpu.copy_smem_to_gmem(
+      q_smem if box == rows else q_smem.at[pl.ds(0, box)],
+      q_gmem.at[pl.ds(r0, box), pl.ds(c0, cols)]))
   if transpose:
     quantize_pass(col_chunks, True, qt_smem, st_gmem)
     plgpu.commit_smem()
@@ -263,8 +283,16 @@ def _quantize_call(x, op: str, *, pow2: bool, transpose: bool, config: QuantizeC
   cfg.check(op, x.dtype)
   rows, cols = cfg.tile_rows, cfg.tile_cols
   tp, kp = _round_up(t, rows), _round_up(k, cols)
-  if (tp, kp) != (t, k):
-    x = jnp.pad(x, ((0, tp - t), (0, kp - k)))  # zeros: exact for every amax
+  # Row-wise groups take x's rows as they are, padded to whole 8-row TMA tiles
+  # only (not at all up to 8), the last row tile in a short box
+  # (common.short_a_box_rows: a box mostly past an array's rows is slow); the
+  # other ops' groups span rows (128 x 128 blocks, columns of q_t): x padded to
+  # whole tiles.
+  short_rows = op == "quantize_1x128"
+  xr = (t if t <= 8 else _round_up(t, 8)) if short_rows else tp
+  if (xr, kp) != (t, k):
+    x = jnp.pad(x, ((0, xr - t), (0, kp - k)))  # zeros: exact for every amax
+  qr = max(xr, 8) if short_rows else tp  # (q's store box: whole 8-row tiles)
   rg, cg = _num_groups(tp), kp // GROUP
   f32 = jnp.float32
   if op == "quantize_128x128":
@@ -272,7 +300,7 @@ def _quantize_call(x, op: str, *, pow2: bool, transpose: bool, config: QuantizeC
     if transpose:
       out_type += [jax.ShapeDtypeStruct((kp, tp), FP8), jax.ShapeDtypeStruct((cg, rg), f32)]
   else:
-    out_type = [jax.ShapeDtypeStruct((tp, kp), FP8), jax.ShapeDtypeStruct((tp, cg), f32)]
+    out_type = [jax.ShapeDtypeStruct((qr, kp), FP8), jax.ShapeDtypeStruct((tp, cg), f32)]
     if transpose:
       out_type += [jax.ShapeDtypeStruct((kp, tp), FP8), jax.ShapeDtypeStruct((kp, rg), f32)]
   scratch = [plgpu.SMEM((rows, cols), x.dtype, transforms=_smem_transforms(x.dtype, cols)),
@@ -282,7 +310,7 @@ def _quantize_call(x, op: str, *, pow2: bool, transpose: bool, config: QuantizeC
   scratch.append(plgpu.Barrier())
   kernel = plgpu.kernel(
       functools.partial(_kernel, op=op, pow2=pow2, rows=rows, cols=cols, col_tiles=kp // cols,
-                        transpose=transpose, division=cfg.division),
+                        transpose=transpose, division=cfg.division, short_rows=short_rows),
       out_type=tuple(out_type),
       scratch_types=scratch,
       grid=((tp // rows) * (kp // cols),),

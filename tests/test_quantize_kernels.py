@@ -226,6 +226,9 @@ def _interpret(fn, x):
     ((5, 300), BF16, True),      # a partial row tile and a partial last group
     ((70, 200), F16, False),
     ((1, 1), F32, False),
+    # the last row tile in a short box: 16 of 64 rows (x not padded), 72 of 128
+    ((16, 256), BF16, False),
+    ((200, 384), F32, True),
 ])
 def test_1x128_interpret(shape, dtype, pow2):
   x = random_input(shape, dtype, seed=1)
@@ -484,6 +487,23 @@ def test_lowers_for_cuda(op, shape, dtype, pow2, config):
   text = _lower(op, shape, dtype, pow2, config)
   assert "mosaic_gpu" in text and "div.rn.f32" in text
   assert "arith.divf" not in text
+
+
+@pytest.mark.parametrize("t,x_rows", [(1, 1), (7, 7), (16, 16), (1000, 1000), (1001, 1008),
+                                      (4096, 4096)])
+def test_row_wise_pads_x_to_whole_8_row_tiles_only(t, x_rows):
+  """The row-wise quantiser's last row tile loads and stores only x's rows: x is
+  padded (a copy of it) only where its rows are no whole 8-row tiles."""
+  pads = [line for line in _lower("quantize_1x128", (t, 7168), BF16, False, None).splitlines()
+          if "stablehlo.pad" in line]
+  if x_rows == t:
+    assert not pads, pads
+  else:
+    assert len(pads) == 1 and f"tensor<{x_rows}x7168xbf16>" in pads[0], pads
+  # Groups spanning rows keep whole tiles (1000 rows padded to 1024).
+  pads = [line for line in _lower("quantize_1x128_with_transpose", (1000, 7168), BF16, False,
+                                  None).splitlines() if "stablehlo.pad" in line]
+  assert len(pads) == 1 and "tensor<1024x7168xbf16>" in pads[0], pads
 
 
 @pytest.mark.parametrize("op,dtype,pow2,fma", [
