@@ -96,7 +96,7 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
   kp = round_up(k, K_BLOCK)
   rows = max(round_up(m, 8), tile_m)
   out_cols = max(round_up(out_n or n, out_cols_multiple), tile_n)
-  a = _pad_last2(a, (m if m <= 8 else round_up(m, 8)) if short_a_box else rows, kp)
+  a = _pad_last2(a, short_box_padded_rows(m) if short_a_box else rows, kp)
   b = _pad_last2(b, max(round_up(n, 8), tile_n), kp)
   if c is not None:
     c = _pad_last2(c, rows, out_cols)
@@ -120,12 +120,20 @@ def short_a_box_rows(a_rows: int, tile_m: int) -> int:
   return tile_m if rows == 0 else round_up(rows, 8)
 
 
-def for_row_tile_box(a_rows: int, tile_m: int, m0, body):
-  """body(box_rows) for the row tile from m0 of an array of a_rows rows: tile_m,
-  or for the last row tile where the rows end inside it, short_a_box_rows (the
-  TMA box of a row tile, as both kernels and the row-wise quantiser take it)."""
-  box = short_a_box_rows(a_rows, tile_m)
-  last_m0 = (a_rows - 1) // tile_m * tile_m
+def short_box_padded_rows(m: int) -> int:
+  """The rows an array of m rows is padded to where its row tiles are loaded in
+  short boxes (for_row_tile_box): whole 8-row TMA tiles, none up to 8 rows (a
+  dimension smaller than its tile)."""
+  return m if m <= 8 else round_up(m, 8)
+
+
+def for_row_tile_box(array_rows: int, tile_m: int, m0, body):
+  """body(box_rows) for the row tile from m0 of an array of array_rows rows:
+  tile_m, or for the last row tile where the rows end inside it,
+  short_a_box_rows (the TMA box of a row tile, as both kernels and the row-wise
+  quantiser take it)."""
+  box = short_a_box_rows(array_rows, tile_m)
+  last_m0 = (array_rows - 1) // tile_m * tile_m
   if box == tile_m:
     body(tile_m)
   elif last_m0 == 0:  # one row tile (and a CTA pair's second, past the rows)

@@ -74,7 +74,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, quant_math
-from jax_fp8.pallas.common import for_row_tile_box
+from jax_fp8.pallas.common import for_row_tile_box, short_box_padded_rows
 
 GROUP = 128           # elements of one scale group (row-wise and column-wise); block edge
 E4M3_MAX = 448.0      # largest finite float8_e4m3fn
@@ -289,7 +289,7 @@ def _quantize_call(x, op: str, *, pow2: bool, transpose: bool, config: QuantizeC
   # other ops' groups span rows (128 x 128 blocks, columns of q_t): x padded to
   # whole tiles.
   short_rows = op == "quantize_1x128"
-  xr = (t if t <= 8 else _round_up(t, 8)) if short_rows else tp
+  xr = short_box_padded_rows(t) if short_rows else tp
   if (xr, kp) != (t, k):
     x = jnp.pad(x, ((0, xr - t), (0, kp - k)))  # zeros: exact for every amax
   qr = max(xr, 8) if short_rows else tp  # (q's store box: whole 8-row tiles)
