@@ -205,6 +205,7 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", dataclasses.replace(H_TMA_M, step_top_overlap=True), 300, [129, 127, 0, 1]),
     ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 200, [37, 0, 1, 100, 20]),
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
+    ("sm90", H_SMALL, 2, [1, 0, 1]),                           # a-scales read one by one
     ("sm90", H_K_SPLIT, 200, [37, 0, 1, 100, 20]),             # K split among warpgroups
     ("sm100", B_SMALL, 300, [37, 0, 1, 150, 20]),
     ("sm100", B_SMALL, 200, [-5, 129, 3]),                     # a negative size counts as 0
