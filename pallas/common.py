@@ -1,5 +1,6 @@
 """What the Hopper and Blackwell kernels share: the contract's constants, the
-shapes they accept, SMEM layouts, and the zero padding tiled TMA needs."""
+shapes they accept, SMEM layouts, and the zero padding tiled TMA needs; with the
+row-wise quantiser, the short TMA boxes of a last row tile (for_row_tile_box)."""
 from __future__ import annotations
 
 import dataclasses
