@@ -140,9 +140,9 @@ def for_row_tile_box(array_rows: int, tile_m: int, m0, body):
   elif last_m0 == 0:  # one row tile (and a CTA pair's second, past the rows)
     body(box)
   else:
-    last = m0 == last_m0
-    pl.when(last)(lambda: body(box))
-    pl.when(jnp.logical_not(last))(lambda: body(tile_m))
+    # (Two comparisons: Blackwell's producer warp lowers no logical not.)
+    pl.when(m0 == last_m0)(lambda: body(box))
+    pl.when(m0 != last_m0)(lambda: body(tile_m))
 
 
 def copy_a_rows(a_gmem, group, m0, kcols, dst, barrier, *, tile_m: int, collective_axes=None):

@@ -475,7 +475,8 @@ def test_variants_lower_for_cuda(arch):
                                 cluster_m=2)
     _lower(lambda *xs: mod.masked_dot(*xs, out_dtype=BF16, config=pairs), *masked)
   dense = (s((4096, k), FP8), s((4096, 13), jnp.float32), s((n, k), FP8), s((17, 13), jnp.float32))
-  for m in (3, 16):  # a's short TMA box (fewer rows than a tile)
+  # a's short TMA box: fewer rows than a tile; the last of several row tiles
+  for m in (3, 16, 300):
     _lower(lambda a, sa, b, sb: mod.blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0,
                                                       out_dtype=BF16, config=cfg),
            s((m, k), FP8), s((m, 13), jnp.float32), dense[2], dense[3])
