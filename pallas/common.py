@@ -86,9 +86,9 @@ def pad_for_tma(a, a_scale, b, c, *, tile_m: int, tile_n: int, out_cols_multiple
   Zero padding is exact (padded K adds zero products) and is sliced off the
   output. The DeepSeek-V3 shapes (K, N multiples of 128) need none for a, b.
   out_n: the output's columns where they are not b's rows (a GLU's are half).
-  short_a_box: the kernel loads fewer rows of a than a tile where a has fewer
-  (short_a_box_rows): a is padded to whole 8-row tiles only, and not at all where
-  M <= 8 (a dimension smaller than its tile).
+  short_a_box: the kernel loads the last row tile of a in a short box where a's
+  rows end inside it (for_row_tile_box): a is padded to whole 8-row tiles only,
+  and not at all where M <= 8 (a dimension smaller than its tile).
   few_a_scale_rows: A-scales (as given) of at most this many rows are not padded:
   the kernel reads them one by one (a decode call then runs no XLA pad at all).
   """

@@ -34,9 +34,10 @@ M/N tiles) and TMA writes out of bounds are dropped. Mosaic's tiled TMA needs
 every dimension to be a multiple of its SMEM tile (or smaller), so the wrapper
 zero-pads what is not (K to 128, M and N to 8, the output's N to 64, the
 A-scale rows to whole 64-row chunks, or transposed for tma_scales); padding is
-exact and sliced off. Where A has fewer rows than a tile its TMA box is short
-(whole 8-row tiles; the tile's other rows are never stored): A is not padded
-to a tile, and not at all up to 8 rows.
+exact and sliced off. Where A's rows end inside its last row tile, that tile's
+TMA box is short (whole 8-row tiles; the tile's other rows are never stored): A
+is not padded to a tile, and not at all up to 8 rows; A-scales of at most
+FEW_A_SCALE_ROWS rows are not padded either (read one by one).
 """
 from __future__ import annotations
 
