@@ -119,9 +119,13 @@ _CHAINED_DECODE_FIXED_COLUMNS = 16
 # Large-M tiles -> efficiency relative to 128 x 256 at full waves: wider tiles
 # read less A and B per FLOP; 192 x 128 balances the waves where N is narrow, and
 # so does 128 x 192 split by rows (one 64 x 192 WGMMA per warpgroup: WIDE_TILES),
-# which leaves the 128 x 256 tile its ties.
+# which leaves the 128 x 256 tile its ties. 128 x 160 (one 64 x 160 WGMMA per
+# warpgroup, promoted in 32-column parts) fills the waves that 128 x 192 leaves
+# part idle where N is 4096, 1536, 576, ...: 1.06-1.16x over the 128 x 192 picks
+# at 13 shapes of 200-8192 rows (fitted efficiency 0.87-0.95; H200 2026-11-28).
 LARGE_M_TILES = {(128, 256, "n", 2): 1.0, (128, 128, "m", 2): 0.93,
-                 (192, 128, "m", 3): 0.95, (128, 192, "m", 2): 0.98, (64, 128, "n", 2): 0.8}
+                 (192, 128, "m", 3): 0.95, (128, 192, "m", 2): 0.98, (128, 160, "m", 2): 0.91,
+                 (64, 128, "n", 2): 0.8}
 # Between decode and large M, narrow N leaves the large-M tiles few: 256x2112x7168 has
 # 68 64 x 128 tiles or 34 of 128 x 128 for 132 SMs. Dense GEMMs of the 128 x 128
 # recipe with M <= MID_M_MAX over >= K_SPLIT_MIN_BLOCKS K blocks take narrow tiles

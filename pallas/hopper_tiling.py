@@ -61,9 +61,10 @@ _TWO_CHUNK_PRODUCER_REGISTERS = 72
 # K steps per staged a-scale window of the wide 128 x 192 tiles (HopperConfig.
 # a_scale_window) where the ring's TMA does not bring the scales: their
 # warpgroups read a-scales from SMEM, 2-3% faster than from GMEM; 128 x 256
-# tiles (two chunk rows per warpgroup) were 8-10% slower so. The large-M wide tiles
-# (hopper_cost.WIDE_TILES) only: a window stages a row or two per producer thread.
+# tiles (two chunk rows per warpgroup) were 8-10% slower so, and so were 128 x 160
+# tiles (1-5%, dense and masked): a window stages a row or two per producer thread.
 _WIDE_TILE_A_SCALE_WINDOW = 4
+_A_SCALE_WINDOW_TILES = ((128, 192, "m", 2),)
 # Up to this many K blocks the epilogue is a large part of a tile's time and
 # stores of 256-byte rows pay; with longer K loops their SMEM is better left to
 # L1. 256-column tiles gain up to twice as many.
@@ -259,7 +260,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
                        step_top_overlap=hopper_cost.step_top_overlap_pays(
                            (tm, tn), tma, grouped=grouped, b_scale_rows=b_scale_rows,
                            plain_output=out_dtype == np.dtype(jnp.bfloat16) and c_dtype is None),
-                       a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW if large_m_wide and not tma
+                       a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW
+                                       if key in _A_SCALE_WINDOW_TILES and not tma
                                        and not masked else 0),
                        live_first=masked and (sparse or key in hopper_cost.MASKED_LIVE_FIRST_TILES),
                        **fields)

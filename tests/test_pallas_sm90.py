@@ -482,6 +482,18 @@ def test_gpu_odd_shapes(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
+    (1280, 4096, 7168, BF16, False), (200, 18432, 7168, BF16, False),
+    (4096, 576, 7168, BF16, False), (1000, 2112, 1536, F32, True)])
+def test_gpu_160_column_tiles(m, n, k, out_dtype, with_c):
+  """The dense rules' 128 x 160 tiles (the last column tile partial but at 1280 x 4096)."""
+  c_dtype = F32 if with_c else None
+  cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+  assert (cfg.tile_m, cfg.tile_n, cfg.wide_chunks) == (128, 160, True), cfg
+  _gpu_check(m, n, k, out_dtype, with_c)
+
+
+@requires_gpu(major=9)
 # (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K;
 # 1024 x 7168 x 7168: 256 x 128 tiles alone, the scales in the ring; 384 x 4096 x 7168: the
 # mid-M 128 x 128 form, two-block steps in a 3-deep ring; 300 x 2112 x 7168: the decode

@@ -638,6 +638,31 @@ def test_scaled_ring_tiles():
     assert hopper_cost.unmodelled(dataclasses.replace(cfg, **other), 1024, 4096, 7168)
   assert "measurement" in hopper_cost.unmodelled(cfg, 1024, 4096, 2048)
 
+def test_160_column_tiles_balance_waves():
+  """Dense 128 x 160 tiles (one wide 64 x 160 chunk a warpgroup, no a-scale window)
+  where their column count fills the waves that 128 x 192 tiles leave part idle:
+  measured 1.06-1.16x over the 128 x 192 picks they replaced at 13 shapes of
+  200-8192 rows (H200, 2026-11-28; RESULTS.md)."""
+  for m, n, k in ((1280, 4096, 7168), (1152, 4096, 7168), (640, 4096, 7168),
+                  (640, 7168, 16384), (2048, 2112, 7168), (1536, 1536, 7168),
+                  (3072, 1536, 7168), (4096, 576, 7168), (200, 18432, 7168),
+                  (768, 6144, 7168), (384, 12288, 7168), (1024, 2112, 2048),
+                  (8192, 576, 7168)):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert (hopper_cost.tile_key(cfg), cfg.wide_chunks, cfg.a_scale_window) == (
+        (128, 160, "m", 2), True, 0), (m, n, k, cfg)
+    assert cfg.epi_tile_n == 32 and cfg.stages == 4
+    wider = dataclasses.replace(cfg, tile_n=192, epi_tile_n=64)
+    assert (hopper_cost.estimated_time_us(cfg, m, n, k)
+            < hopper_cost.estimated_time_us(wider, m, n, k))
+  # 128 x 192 tiles keep their a-scale windows where the ring brings no scales.
+  cfg = hopper_tiling.default_config(768, 4096, 7168)
+  assert (hopper_cost.tile_key(cfg), cfg.tma_scales, cfg.a_scale_window) == (
+      (128, 192, "m", 2), False, 4)
+  # An FP8 output's epilogue takes whole 128-column groups: never these tiles.
+  assert hopper_tiling.fp8_output_config(1280, 4096, 7168).tile_n % 128 == 0
+
+
 def test_cost_model_chain_rule():
   # The tiling rules' cost model charges less per tile where every CTA runs
   # >= 2 tiles and the ring wraps at a tile's end (the kernel's ring always runs on).
