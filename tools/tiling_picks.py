@@ -9,9 +9,9 @@ checkout against those of another revision, shape by shape; no GPU needed.
 Shape sets: `required` (the 18 DeepSeek-V3 dense shapes x bf16/f32 out x no c,
 f32 c, bf16 c; the ragged and masked MoE shapes; the training recipe's forward,
 dgrad and per-row-b wgrad shapes), `sweep` (M x N x K grid in 8 variants),
-`extended` (a finer grid, 4 variants). The other revision's hopper_tiling.py is
-loaded next to this checkout's kernel modules; the default, 737fe5c, is the last
-one with rule-based tiling (before the cost model). SM count pinned to 132 (H100).
+`extended` (a finer grid, 4 variants). The other revision's hopper_tiling.py and
+hopper_cost.py are loaded next to this checkout's kernel modules; the default, 737fe5c,
+is the last one with rule-based tiling (before the cost model). SM count pinned to 132 (H100).
 """
 from __future__ import annotations
 
@@ -101,22 +101,47 @@ def spec(cfg) -> str:
   return s + (" lf" if getattr(cfg, "live_first", False) else "")
 
 
-def load_revision(rev: str):
-  """pallas/hopper_tiling.py of a git revision (or that file itself, where `rev` is
-  a path: on a machine without the git history), as a module."""
-  if os.path.isfile(rev):
-    path = rev
-  else:
-    root = os.path.join(os.path.dirname(__file__), "..")
-    src = subprocess.run(["git", "-C", root, "show", f"{rev}:pallas/hopper_tiling.py"],
-                         check=True, capture_output=True, text=True).stdout
-    path = os.path.join(tempfile.mkdtemp(), "hopper_tiling_rev.py")
+def _source(rev: str, path: str) -> str | None:
+  root = os.path.join(os.path.dirname(__file__), "..")
+  done = subprocess.run(["git", "-C", root, "show", f"{rev}:{path}"], capture_output=True,
+                        text=True)
+  return done.stdout if done.returncode == 0 else None
+
+
+def _module(name: str, path: str, src: str | None = None):
+  if src is not None:
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
       f.write(src)
-  module_spec = importlib.util.spec_from_file_location("hopper_tiling_rev", path)
+  module_spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   return module
+
+
+def load_revision(rev: str):
+  """pallas/hopper_tiling.py of a git revision, as a module, with the revision's
+  cost model (pallas/hopper_cost.py, where the revision has one) in place of this
+  checkout's, so that a change of either shows; where `rev` is a path (on a
+  machine without the git history), that hopper_tiling.py with this checkout's
+  cost model."""
+  if os.path.isfile(rev):
+    return _module("hopper_tiling_rev", rev)
+  tiling_src = _source(rev, "pallas/hopper_tiling.py")
+  if tiling_src is None:
+    raise SystemExit(f"tiling_picks: no pallas/hopper_tiling.py at {rev}")
+  cost_src = _source(rev, "pallas/hopper_cost.py")
+  if cost_src is None:
+    return _module("hopper_tiling_rev", "", tiling_src)
+  import jax_fp8.pallas as package  # the revision's tiling imports the cost model from here
+  name = "jax_fp8.pallas.hopper_cost"
+  mine = sys.modules[name]
+  cost = _module("hopper_cost_rev", "", cost_src)
+  sys.modules[name], package.hopper_cost = cost, cost
+  try:
+    return _module("hopper_tiling_rev", "", tiling_src)
+  finally:
+    sys.modules[name], package.hopper_cost = mine, mine
 
 
 def time_pair(m, n, k, kw, configs, rounds=2, iters=20):
