@@ -638,6 +638,7 @@ def test_scaled_ring_tiles():
     assert hopper_cost.unmodelled(dataclasses.replace(cfg, **other), 1024, 4096, 7168)
   assert "measurement" in hopper_cost.unmodelled(cfg, 1024, 4096, 2048)
 
+
 def test_160_column_tiles_balance_waves():
   """Dense 128 x 160 tiles (one wide 64 x 160 chunk a warpgroup, no a-scale window)
   where their column count fills the waves that 128 x 192 tiles leave part idle:

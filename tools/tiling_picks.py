@@ -108,8 +108,9 @@ def _source(rev: str, path: str) -> str | None:
   return done.stdout if done.returncode == 0 else None
 
 
-def _module(name: str, path: str, src: str | None = None):
-  if src is not None:
+def _module(name: str, *, path: str | None = None, src: str | None = None):
+  """A module from a file, or from source text (written to a temporary file)."""
+  if path is None:
     path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as f:
       f.write(src)
@@ -126,20 +127,20 @@ def load_revision(rev: str):
   machine without the git history), that hopper_tiling.py with this checkout's
   cost model."""
   if os.path.isfile(rev):
-    return _module("hopper_tiling_rev", rev)
+    return _module("hopper_tiling_rev", path=rev)
   tiling_src = _source(rev, "pallas/hopper_tiling.py")
   if tiling_src is None:
     raise SystemExit(f"tiling_picks: no pallas/hopper_tiling.py at {rev}")
   cost_src = _source(rev, "pallas/hopper_cost.py")
   if cost_src is None:
-    return _module("hopper_tiling_rev", "", tiling_src)
+    return _module("hopper_tiling_rev", src=tiling_src)
   import jax_fp8.pallas as package  # the revision's tiling imports the cost model from here
   name = "jax_fp8.pallas.hopper_cost"
   mine = sys.modules[name]
-  cost = _module("hopper_cost_rev", "", cost_src)
+  cost = _module("hopper_cost_rev", src=cost_src)
   sys.modules[name], package.hopper_cost = cost, cost
   try:
-    return _module("hopper_tiling_rev", "", tiling_src)
+    return _module("hopper_tiling_rev", src=tiling_src)
   finally:
     sys.modules[name], package.hopper_cost = mine, mine
 
