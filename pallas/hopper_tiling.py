@@ -146,11 +146,25 @@ def _with_epilogue(cfg: HopperConfig, out_dtype, k: int, c_dtype=None,
   return dataclasses.replace(cfg, epi_tile_n=min(widest, cfg.piece_n()))
 
 
-def _order_and_scales(m: int) -> dict:
+# The tile order: along N first (bands of row tiles, for L2 reuse of B) from these
+# rows. A dense GEMM of fewer rows has both operands in the L2 and walks rows first,
+# but in 128 x 128 tiles and pairs sharing A (H200, 1024-3000 rows: rows first
+# 0.996-1.063x the walk along N at 20 shapes, 2048x2112x7168 1.05-1.06x; 128 x 128
+# tiles 0.965-1.013x, pairs 0.987-1.006x; benchmarks/RESULTS.md).
+_ALONG_N_MIN_M = 1024
+_DENSE_ALONG_N_MIN_M = 4096
+_DENSE_ALONG_N_TILES = ((128, 128),)
+
+
+def _order_and_scales(m: int, tile=None) -> dict:
   """The tile order (along N first where M spans many row tiles, for L2 reuse of
   B) and whether one-chunk warpgroups carry the scale product: decode carries
-  a_scale and b_scale apart and multiplies at promotion, off the step's tail."""
-  return dict(grid_minor="n" if m >= 1024 else "m", scale_product=m > hopper_cost.DECODE_MAX_M)
+  a_scale and b_scale apart and multiplies at promotion, off the step's tail.
+  tile: (tile_m, tile_n) of a dense GEMM's unpaired tiles (not grouped, not a
+  fused GLU), which walk rows first below _DENSE_ALONG_N_MIN_M rows."""
+  rows_first = tile is not None and tuple(tile[:2]) not in _DENSE_ALONG_N_TILES
+  along_n = m >= (_DENSE_ALONG_N_MIN_M if rows_first else _ALONG_N_MIN_M)
+  return dict(grid_minor="n" if along_n else "m", scale_product=m > hopper_cost.DECODE_MAX_M)
 
 
 def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
@@ -186,29 +200,30 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
           if (k_blocks // split_k) % 2 == 0:
             yield t, dict(base, split_k=split_k, k_step=2), 0
   else:
-    base = _order_and_scales(m)
+    dense = not (row_masks or masked)
+    base = lambda t: _order_and_scales(m, t if dense else None)  # noqa: E731
     tiles = hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows, row_masks=row_masks,
                                       masked=masked)
     if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe
       if m <= hopper_cost.MID_M_MAX:
         for t, (fields, _) in hopper_cost.MID_M_FORMS.items():  # narrow tiles, one wave
-          yield t, dict(base, **fields), 0
+          yield t, dict(base(t), **fields), 0
       tiles = (*tiles, *_EXPLORED_LARGE_M_TILES)
       for t in hopper_cost.PAIRED_LARGE_M_TILES:  # pairs sharing A
-        yield t, dict(base, cluster_n=2), 0
+        yield t, dict(_order_and_scales(m), cluster_n=2), 0
       if hopper_cost.SCALED_RING_MIN_M <= m < hopper_cost.TMA_SCALES_MIN_M:
         for t in hopper_cost.SCALED_RING_TILES:  # the scales in the ring below its M
-          yield t, dict(base, tma_scales=True), 0
+          yield t, dict(base(t), tma_scales=True), 0
     for t in tiles:
       if hopper_cost.takes_deeper_ring(t, row_masks=row_masks, b_scale_rows=b_scale_rows):
         for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
-          yield t, dict(base, cluster_m=cluster_m), 1
+          yield t, dict(base(t), cluster_m=cluster_m), 1
         continue
       for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 else (1,):
-        yield t, dict(base, cluster_m=cluster_m), 0
-        yield t, dict(base, cluster_m=cluster_m), 1         # 128 x 256: the deep ring
+        yield t, dict(base(t), cluster_m=cluster_m), 0
+        yield t, dict(base(t), cluster_m=cluster_m), 1      # 128 x 256: the deep ring
       if t in hopper_cost.SHORT_K_CHAINED_TILES and 2 <= k_blocks <= hopper_cost.SHORT_K_MAX_BLOCKS:
-        yield t, dict(base, stages=k_blocks), 0             # the whole K loop
+        yield t, dict(base(t), stages=k_blocks), 0          # the whole K loop
 
 
 def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16, c_dtype=None,

@@ -494,6 +494,15 @@ def test_gpu_160_column_tiles(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k", [(2048, 2112, 7168), (1024, 18432, 7168), (2000, 2112, 7168)])
+def test_gpu_rows_first_below_4096_rows(m, n, k):
+  """Dense GEMMs of 1024-4095 rows walk their tiles rows first (a partial last row
+  tile at 2000 rows)."""
+  assert hopper_tiling.default_config(m, n, k).grid_minor == "m"
+  _gpu_check(m, n, k, BF16, False)
+
+
+@requires_gpu(major=9)
 # (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K;
 # 1024 x 7168 x 7168: 256 x 128 tiles alone, the scales in the ring; 384 x 4096 x 7168: the
 # mid-M 128 x 128 form, two-block steps in a 3-deep ring; 300 x 2112 x 7168: the decode
