@@ -201,7 +201,9 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
             yield t, dict(base, split_k=split_k, k_step=2), 0
   else:
     dense = not (row_masks or masked)
-    base = lambda t: _order_and_scales(m, t if dense else None)  # noqa: E731
+
+    def base(t):  # a dense GEMM's order depends on its tile; the grouped walks' does not
+      return _order_and_scales(m, t if dense else None)
     tiles = hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows, row_masks=row_masks,
                                       masked=masked)
     if tiles is hopper_cost.LARGE_M_TILES:  # autotuning covers the dense recipe

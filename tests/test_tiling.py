@@ -667,10 +667,9 @@ def test_160_column_tiles_balance_waves():
 def test_tile_order_rows_first_below_4096_rows():
   """A dense GEMM of fewer than 4096 rows walks its tiles rows first (both
   operands sit in the L2; H200 2026-11-28: 0.996-1.063x the walk along N at 20
-  shapes of 1024-3000 rows) but in 128 x 128 tiles (0.965-1.013x) and pairs sharing
-  A (0.987-1.006x);
-  those, and from 4096 rows every tile, grouped GEMMs and fused GLUs from 1024
-  rows, walk along N in bands of 8."""
+  shapes of 1024-3000 rows) but in 128 x 128 tiles (0.965-1.013x) and pairs
+  sharing A (0.987-1.006x); those, every tile from 4096 rows, and grouped GEMMs
+  and fused GLUs from 1024 rows walk along N in bands of 8."""
   rows_first = ((2048, 2112, 7168), (1024, 18432, 7168), (1536, 2112, 7168),
                 (1024, 4096, 7168), (3072, 7168, 2048), (1280, 4096, 7168),
                 (2000, 2112, 7168), (1500, 18432, 7168))
