@@ -53,7 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, problem, quant_math
+from jax_fp8.pallas import device, problem, quant_math, wgmma_desc
 from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, copy_a_rows,
                                    gate_activation, pad_for_tma, tiled, unsupported_reason)
 # kernel_dtypes: also imported from here by earlier revisions' hopper_tiling.py
@@ -232,8 +232,10 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       if c_gmem is not None:
         c_ring = PrefetchRing(c_smem.at[ew], c_barrier, first_barrier=ew * 2)
       stores = OutputStores(out_smem.at[ew], None if rows_smem is None else rows_smem.at[ew])
+      fields = ((wgmma_desc.address_field(a_smem), wgmma_desc.address_field(b_smem))
+                if _carries_descriptors(cfg) else None)
       warpgroup = _Warpgroup(cfg, prob, wg, as_gmem, bs_gmem, window, a_stage, scale_ring,
-                             a_scales, b_scales)
+                             a_scales, b_scales, fields)
       partial_sums = PartialSums(k_sum, k_sum_full, k_sum_free) if cfg.k_stride > 1 else None
 
       def tile_body(i, step):
@@ -282,6 +284,12 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       OutputStores.finish()
 
 
+def _carries_descriptors(cfg: HopperConfig) -> bool:
+  """Whether the consumers' K loop carries its WGMMA descriptors (desc_carry;
+  GPU interpret mode runs Pallas's wgmma instead: pallas/wgmma_desc.py)."""
+  return cfg.desc_carry and not device.interpret_mode_active()
+
+
 def _chunks(cfg: HopperConfig):
   """(row, column) offsets of a warpgroup's WGMMA chunks."""
   wm, wn = cfg.wg_tile()
@@ -309,6 +317,15 @@ class _Warpgroup:
   scale_ring: object = None
   a_scales: object = None  # tma_scales: the ring's a-scales, [stages, 1, tile_m]
   b_scales: object = None  # ... and per-row b scales, [stages, 1, tile_n]
+  ring_fields: object = None  # desc_carry: the A and B rings' address fields
+
+  def slot_fields(self, slot):
+    """The descriptor address fields (pallas/wgmma_desc.py) of this warpgroup's
+    first A and B rows in ring slot `slot`."""
+    wr, wc = self.corner()
+    a, b = self.ring_fields
+    row = wgmma_desc.ROW_FIELD
+    return (a + (slot * self.cfg.tile_m + wr) * row, b + (slot * self.cfg.tile_n + wc) * row)
 
   @property
   def chunks(self):
@@ -466,10 +483,11 @@ class _Warpgroup:
     if self.cfg.tma_scales:
       return self.run_tma_scales_pass(inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps)
 
-    def k_step(slot, ks, carry):
+    def k_step(slot, ks, carry, hook=None, fields=None):
+      del hook  # (step_top_overlap needs tma_scales)
       acc, scales = carry
       return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc, scales,
-                                  k_steps)
+                                  k_steps, fields=fields)
     carry = (acc, self.step_scales(tile, tp, self.first_step(step0)))
     return self.k_loop(inputs, step0, k_steps, k_step, carry)[0]
 
@@ -486,13 +504,14 @@ class _Warpgroup:
     """run_pass with each slot's scales in SMEM beside its operands
     (HopperConfig.tma_scales): a step reads them at its top, before its WGMMA,
     or with step_top_overlap once its first WGMMA is issued."""
-    def k_step(slot, ks, acc, after_last_wgmma=None):
+    def k_step(slot, ks, acc, after_last_wgmma=None, fields=None):
       b_staged = None if self.b_scales is None else self.b_scales.at[slot]
       scales = functools.partial(self.step_scales, tile, tp, ks, self.a_scales.at[slot],
                                  b_staged)
       return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc,
                                   scales if self.cfg.step_top_overlap else scales(), k_steps,
-                                  load_next=False, after_last_wgmma=after_last_wgmma)[0]
+                                  load_next=False, after_last_wgmma=after_last_wgmma,
+                                  fields=fields)[0]
     return self.k_loop(inputs, step0, k_steps, k_step, acc)
 
   def k_loop(self, inputs, step0, k_steps: int, k_step, carry):
@@ -532,6 +551,9 @@ class _Warpgroup:
           return k_step(st.index, ks, carry)
       return lax.fori_loop(i32(0), i32(k_steps), step_body, carry)
 
+    if self.ring_fields is not None:
+      return self.fields_carrying_loop(inputs, step0, k_steps, k_step, carry)
+
     if not self.cfg.step_top_overlap:
       def body(ks, carry_slot):
         carry, slot = carry_slot
@@ -549,6 +571,25 @@ class _Warpgroup:
       return carry, nxt, tested[0]
     state = (carry, inputs.stage(step0).index, jnp.bool_(False))  # a pass's first step waits
     return lax.fori_loop(i32(0), i32(k_steps), tested_body, state)[0]
+
+  def fields_carrying_loop(self, inputs, step0, k_steps: int, k_step, carry):
+    """k_loop's dense loop with HopperConfig.desc_carry: each step's WGMMA
+    descriptor fields (slot_fields) are formed in the step before, ahead of the
+    back edge and the ring wait's branch, and carried; k_step(slot, ks, carry,
+    [hook,] fields=...) issues its WGMMAs from them (pallas/wgmma_desc.py)."""
+    overlap = self.cfg.step_top_overlap
+
+    def body(ks, state):
+      carry, slot, ready, fields = state
+      nxt = inputs.next_index(slot)
+      tested = []
+      with inputs.consume_slot(slot, ready if overlap else None):
+        hook = (lambda: tested.append(inputs.full_ready(nxt))) if overlap else None
+        carry = k_step(slot, ks, carry, hook, fields=fields)
+      return carry, nxt, tested[0] if overlap else ready, self.slot_fields(nxt)
+    first = inputs.stage(step0).index
+    state = (carry, first, jnp.bool_(False), self.slot_fields(first))
+    return lax.fori_loop(i32(0), i32(k_steps), body, state)[0]
 
   def run_staged_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
     """run_pass with the a-scales staged by the producer, a window of steps at a
@@ -581,7 +622,7 @@ class _Warpgroup:
     return lax.fori_loop(i32(0), i32(k_steps), body, carry)[0]
 
   def consumer_k_step(self, a_slot, b_slot, tile, tp, ks, acc, scales, k_steps, *,
-                      load_next=True, after_last_wgmma=None):
+                      load_next=True, after_last_wgmma=None, fields=None):
     """WGMMA and promotion of step ks's K blocks; returns (acc, next step's scales)
     (None unless load_next).
 
@@ -621,7 +662,13 @@ class _Warpgroup:
           return block_ref[...], read
 
         with jax.named_scope("wgmma"):  # issue to wait (pallas/hopper.profiled)
-          block, read = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+          if fields is not None:  # descriptors carried (one-block steps)
+            row = wgmma_desc.ROW_FIELD
+            in_flight = wgmma_desc.issue(fields[0] + r * row, fields[1] + c * row, cm, cn)
+            read = scales() if read_scales else None  # while the WGMMA runs
+            block = wgmma_desc.done(in_flight)
+          else:
+            block, read = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
         if read_scales:
           scales = read
         if after_last_wgmma and j == k_step - 1 and (r, c) == self.chunks[-1]:

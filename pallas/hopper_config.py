@@ -76,6 +76,11 @@ class HopperConfig:
   tests the next slot's barrier without blocking after the step's last WGMMA
   (before that chunk's promotion), so that the next step waits only where the
   test failed (pallas/barrier_probe.py).
+  desc_carry (dense K loops of one-block steps, no K split among warpgroups):
+  the loop forms each step's WGMMA descriptor fields in the step before and
+  carries them, so that a step's WGMMAs issue without forming them from the
+  slot's SMEM address after its ring wait (pallas/wgmma_desc.py; GPU interpret
+  mode runs Pallas's wgmma instead). The grouped schedulers' K loops ignore it.
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -97,6 +102,7 @@ class HopperConfig:
   tma_scales: bool = False
   live_first: bool = False
   step_top_overlap: bool = False
+  desc_carry: bool = False
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -188,6 +194,9 @@ class HopperConfig:
       # tracks its parity by waiting on every phase.
       raise ValueError(f"wg_split='k' needs stages ({self.stages}) a multiple of consumers "
                        f"({self.consumers}), and no a_scale_window or step_top_overlap")
+    if self.desc_carry and (self.k_step != 1 or self.k_stride != 1 or self.a_scale_window):
+      raise ValueError("desc_carry needs one-block steps (k_step=1), no K split among the "
+                       "warpgroups and no a_scale_window")
     if self.step_top_overlap and not self.tma_scales:
       raise ValueError("step_top_overlap reads a step's scales from its ring slot: it needs "
                        "tma_scales")

@@ -502,6 +502,21 @@ def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *, grouped: b
   return True
 
 
+# Dense tilings whose K loop carries its WGMMA descriptors (HopperConfig.desc_carry):
+# one wide chunk a warpgroup (128 x 192 +2.2% at 4096x2112x7168, 128 x 160 +1.2%
+# at 1280x4096x7168 and +1.7% at 2048x2112x7168) and 256 x 128 split by rows (in
+# pairs sharing A +1.1% at 4096x4096x7168); not 128 x 256 split by columns (-1.5%
+# at 4096x7168x2048) (H200 2026-11-28). Per-row b scales and the grouped
+# schedulers are not measured: they keep Pallas's wgmma.
+DESC_CARRY_TILES = ((128, 192, "m", 2), (128, 160, "m", 2), (256, 128, "m", 2))
+
+
+def desc_carry_pays(cfg: HopperConfig, *, grouped: bool, b_scale_rows: int) -> bool:
+  """Whether a tiling's K loop carries its WGMMA descriptors (DESC_CARRY_TILES)."""
+  return (not grouped and b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
+          and cfg.k_step == 1 and cfg.k_stride == 1 and not cfg.a_scale_window)
+
+
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:
   """The 4-deep ring of 128 x 256 tiles at large M (past RING_BYTES), its scales
   from GMEM (with them in the ring it spilled and ran 4% slower than 3 stages)."""

@@ -309,6 +309,28 @@ def test_lowers_for_cuda(m, n, k, c_dtype, out_dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
+def _lowered_text(m, n, k, cfg):
+  def fn(a, sa, b, sb):
+    return hopper.blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0, out_dtype=BF16, config=cfg)
+  return jax.jit(fn).trace(*_avals(m, n, k)).lower(lowering_platforms=("cuda",)).as_text()
+
+
+# (one wide chunk a warpgroup with the scales from GMEM; with them in the ring and the
+# step top overlapped; 256 x 128 tiles in pairs sharing A)
+@pytest.mark.parametrize("m,n,k", [(1280, 4096, 7168), (4096, 2112, 7168), (4096, 4096, 7168)])
+def test_carried_descriptors_are_not_formed_from_slot_addresses(m, n, k):
+  """With desc_carry every WGMMA of the kernel is issued from the descriptors its K
+  loop carries (pallas/wgmma_desc.py), none through Pallas's wgmma (whose lowering
+  forms them from the slot's SMEM address and commits with an inline
+  `wgmma.commit_group` of its own); without it, through Pallas's."""
+  cfg = hopper_tiling.default_config(m, n, k)
+  assert cfg.desc_carry
+  pallas_commit = "wgmma.commit_group.sync.aligned;"
+  carried = _lowered_text(m, n, k, cfg)
+  assert "wgmma.mma_async" in carried and pallas_commit not in carried
+  assert pallas_commit in _lowered_text(m, n, k, dataclasses.replace(cfg, desc_carry=False))
+
+
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_fp8_output_epilogue_divides_by_the_rows_reciprocal(power_of_two):
   """The FP8 output's epilogue divides by each row's reciprocal (quant_math.quantize_rows:
@@ -491,6 +513,31 @@ def test_gpu_160_column_tiles(m, n, k, out_dtype, with_c):
   cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
   assert (cfg.tile_m, cfg.tile_n, cfg.wide_chunks) == (128, 160, True), cfg
   _gpu_check(m, n, k, out_dtype, with_c)
+
+
+@requires_gpu(major=9)
+# 128 x 192 (scales in the ring, step top overlapped), 128 x 160 (scales from GMEM), 256 x 128
+# in pairs sharing A and alone, a partial last row tile; f32 output with a residual c
+@pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
+    (4096, 2112, 7168, BF16, False), (1280, 4096, 7168, BF16, False),
+    (4096, 4096, 7168, BF16, False), (1024, 7168, 7168, BF16, False),
+    (4097, 2112, 7168, BF16, False), (2048, 2112, 7168, F32, True)])
+def test_gpu_carried_descriptors_give_pallas_wgmma_bit_for_bit(m, n, k, out_dtype, with_c):
+  """The K loop issuing its WGMMAs from carried descriptors (desc_carry,
+  pallas/wgmma_desc.py) computes what Pallas's wgmma does, bit for bit, and the
+  contract within the GPU bound."""
+  c_dtype = F32 if with_c else None
+  cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype, c_dtype=c_dtype)
+  assert cfg.desc_carry
+  a, sa, b, sb, c = _gpu_operands(m, n, k, 11, with_c)
+  beta = 0.5 if with_c else 1.0
+  outs = [jax.jit(lambda *x, cfg=config: hopper.blockwise_fp8_dot(
+              *x, beta=beta, out_dtype=out_dtype, config=cfg))(a, sa, b, sb, c)
+          for config in (cfg, dataclasses.replace(cfg, desc_carry=False))]
+  np.testing.assert_array_equal(np.asarray(outs[0].astype(jnp.float32)),
+                                np.asarray(outs[1].astype(jnp.float32)))
+  err = _gpu_rel_error(outs[0], a, sa, b, sb, c, beta)
+  assert err <= GPU_TOL[out_dtype], f"{m}x{n}x{k}: relative error {err:.3e}"
 
 
 @requires_gpu(major=9)

@@ -69,6 +69,8 @@ def _config(spec: str) -> hopper.HopperConfig:
       cfg["live_first"] = True
     elif f == "ov":
       cfg["step_top_overlap"] = True
+    elif f == "dc":
+      cfg["desc_carry"] = True
     elif f[0] == "o":
       cfg["grid_minor"] = f[1:]
     else:
@@ -116,10 +118,10 @@ FROZEN_PICKS = [
     # 2026-11-27 (H100: +0.2-1.4%), 128 x 256 ones with a bf16 output and no residual
     # since 2026-11-27 10:30 (+0.5-0.9%, their 12 spilled bytes outside the K loop; with
     # a float32 output or a residual 0.4-1.4% slower)
-    (4096, 2112, 7168, '', {'128x192m2 s4 e64 on wide tma ov': 'bf16 bf16+cbf16',
-                            '128x192m2 s3 e64 on wide tma ov': 'bf16+cf32',
-                            '128x192m2 s4 e32 on wide tma ov': 'f32 f32+cbf16',
-                            '128x192m2 s3 e32 on wide tma ov': 'f32+cf32'}),
+    (4096, 2112, 7168, '', {'128x192m2 s4 e64 on wide tma ov dc': 'bf16 bf16+cbf16',
+                            '128x192m2 s3 e64 on wide tma ov dc': 'bf16+cf32',
+                            '128x192m2 s4 e32 on wide tma ov dc': 'f32 f32+cbf16',
+                            '128x192m2 s3 e32 on wide tma ov dc': 'f32+cf32'}),
     (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma ov': 'bf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                              '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
@@ -130,12 +132,12 @@ FROZEN_PICKS = [
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # 256 x 128 tiles in pairs sharing A over long K loops since 2026-11-27 (H100:
     # +0.9-3.0% at 4096-16384 rows)
-    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16 bf16+cbf16',
+    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16 bf16+cbf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16 bf16+cbf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16 bf16+cbf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                            '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32 f32+cf32 f32+cbf16'}),
+                            '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32 f32+cf32 f32+cbf16'}),
     (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma ov': 'bf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
@@ -173,14 +175,14 @@ FROZEN_PICKS = [
                                       '128x128m2 s5 e32 on tma': 'f32'}),
     (18432, 7168, 16384, 'per-row b', {'128x128m2 s5 e64 on tma': 'bf16',
                                        '128x128m2 s5 e32 on tma': 'f32'}),
-    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
-    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
-    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
-    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma ov': 'f32'}),
+    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
+    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
+    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
+    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
 ]
 
 
@@ -688,6 +690,28 @@ def test_tile_order_rows_first_below_4096_rows():
                                       row_masks=True).grid_minor == "n"
   assert hopper_tiling.glu_config(2048, 4096, 7168, out_dtype=jnp.bfloat16).grid_minor == "n"
   assert hopper_tiling.default_config(512, 4096, 7168).grid_minor == "m"
+
+
+def test_descriptors_carried_where_measured():
+  """Dense K loops of one-block steps carry their WGMMA descriptors
+  (HopperConfig.desc_carry) in the tilings where that was measured faster (H200
+  2026-11-28: 128 x 192 +2.2%, 128 x 160 +1.2-1.7%, 256 x 128 pairs +1.1%), not in
+  128 x 256 tiles split by columns (-1.5%), decode tiles of two-block steps, per-row
+  b scales or the grouped schedulers."""
+  for m, n, k in ((4096, 2112, 7168), (1280, 4096, 7168), (2048, 2112, 7168),
+                  (4096, 4096, 7168), (1024, 4096, 7168)):
+    assert hopper_tiling.default_config(m, n, k).desc_carry, (m, n, k)
+  for m, n, k in ((4096, 7168, 2048), (128, 4096, 7168), (64, 2112, 7168)):
+    assert not hopper_tiling.default_config(m, n, k).desc_carry, (m, n, k)
+  assert not hopper_tiling.default_config(7168, 18432, 4096, out_dtype=jnp.float32,
+                                          b_scale_rows=1).desc_carry
+  assert not hopper_tiling.default_config(8192, 2112, 7168, grouped=True,
+                                          row_masks=True).desc_carry
+  assert not hopper_tiling.default_config(1408, 4096, 7168, groups=1, grouped=True,
+                                          expected_m=1024).desc_carry
+  for fields in (dict(k_step=2), dict(wg_split="k", stages=4), dict(a_scale_window=4)):
+    with pytest.raises(ValueError, match="desc_carry"):
+      dataclasses.replace(hopper.HopperConfig(desc_carry=True), **fields).check()
 
 
 def test_cost_model_chain_rule():

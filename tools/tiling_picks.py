@@ -98,6 +98,7 @@ def spec(cfg) -> str:
   s += f" aw{cfg.a_scale_window}" if cfg.a_scale_window else ""
   s += " tma" if getattr(cfg, "tma_scales", False) else ""
   s += " ov" if getattr(cfg, "step_top_overlap", False) else ""
+  s += " dc" if getattr(cfg, "desc_carry", False) else ""
   return s + (" lf" if getattr(cfg, "live_first", False) else "")
 
 
