@@ -530,7 +530,9 @@ class _Warpgroup:
     the last promotion instead of following it.
 
     With a K split among the warpgroups (cfg.k_stride > 1) this warpgroup takes
-    every k_stride-th step from first_step(step0); the slot is carried."""
+    every k_stride-th step from first_step(step0); the slot is carried. With
+    HopperConfig.desc_carry a dense pass also carries its WGMMA descriptors
+    (fields_carrying_loop)."""
     stride = self.cfg.k_stride
     if stride > 1:
       first = self.first_step(step0)
