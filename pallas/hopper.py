@@ -483,8 +483,7 @@ class _Warpgroup:
     if self.cfg.tma_scales:
       return self.run_tma_scales_pass(inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps)
 
-    def k_step(slot, ks, carry, hook=None, fields=None):
-      del hook  # (step_top_overlap needs tma_scales)
+    def k_step(slot, ks, carry, fields=None):
       acc, scales = carry
       return self.consumer_k_step(a_smem.at[slot], b_smem.at[slot], tile, tp, ks, acc, scales,
                                   k_steps, fields=fields)
@@ -578,16 +577,17 @@ class _Warpgroup:
     """k_loop's dense loop with HopperConfig.desc_carry: each step's WGMMA
     descriptor fields (slot_fields) are formed in the step before, ahead of the
     back edge and the ring wait's branch, and carried; k_step(slot, ks, carry,
-    [hook,] fields=...) issues its WGMMAs from them (pallas/wgmma_desc.py)."""
+    [hook,] fields=...) issues its WGMMAs from them (pallas/wgmma_desc.py), and
+    with step_top_overlap tests the next slot as k_loop's tested loop does."""
     overlap = self.cfg.step_top_overlap
 
     def body(ks, state):
       carry, slot, ready, fields = state
       nxt = inputs.next_index(slot)
       tested = []
+      hook = (lambda: tested.append(inputs.full_ready(nxt)),) if overlap else ()
       with inputs.consume_slot(slot, ready if overlap else None):
-        hook = (lambda: tested.append(inputs.full_ready(nxt))) if overlap else None
-        carry = k_step(slot, ks, carry, hook, fields=fields)
+        carry = k_step(slot, ks, carry, *hook, fields=fields)
       return carry, nxt, tested[0] if overlap else ready, self.slot_fields(nxt)
     first = inputs.stage(step0).index
     state = (carry, first, jnp.bool_(False), self.slot_fields(first))
