@@ -123,6 +123,12 @@ class HopperConfig:
     takes every consumers-th)."""
     return self.consumers if self.wg_split == "k" else 1
 
+  def can_carry_descriptors(self) -> bool:
+    """Whether the K loop's steps allow desc_carry: one K block each (the carried
+    address fields are a block's), no K split among the warpgroups and no a-scale
+    window (their loops do not carry them)."""
+    return self.k_step == 1 and self.k_stride == 1 and not self.a_scale_window
+
   def chunk(self) -> tuple[int, int]:
     """(rows, columns) of one WGMMA chunk."""
     _, wn = self.wg_tile()
@@ -194,7 +200,7 @@ class HopperConfig:
       # tracks its parity by waiting on every phase.
       raise ValueError(f"wg_split='k' needs stages ({self.stages}) a multiple of consumers "
                        f"({self.consumers}), and no a_scale_window or step_top_overlap")
-    if self.desc_carry and (self.k_step != 1 or self.k_stride != 1 or self.a_scale_window):
+    if self.desc_carry and not self.can_carry_descriptors():
       raise ValueError("desc_carry needs one-block steps (k_step=1), no K split among the "
                        "warpgroups and no a_scale_window")
     if self.step_top_overlap and not self.tma_scales:

@@ -514,7 +514,7 @@ DESC_CARRY_TILES = ((128, 192, "m", 2), (128, 160, "m", 2), (256, 128, "m", 2))
 def desc_carry_pays(cfg: HopperConfig, *, grouped: bool, b_scale_rows: int) -> bool:
   """Whether a tiling's K loop carries its WGMMA descriptors (DESC_CARRY_TILES)."""
   return (not grouped and b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
-          and cfg.k_step == 1 and cfg.k_stride == 1 and not cfg.a_scale_window)
+          and cfg.can_carry_descriptors())
 
 
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:

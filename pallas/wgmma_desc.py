@@ -50,6 +50,7 @@ ROW_FIELD = K_BLOCK // 16      # one K-major FP8 row of a K block, in address-fi
 _STRIDE_BYTES = ATOM_ROWS * K_BLOCK
 _SWIZZLE_128B = 1
 _DESC_CONST = ((_STRIDE_BYTES >> 4) << 32) | (_SWIZZLE_128B << 62)
+assert _DESC_CONST < 1 << 63  # a signed 64-bit constant
 _K_INSTR_BYTES = 32            # one WGMMA instruction's K (FP8: 32 elements)
 _SCALAR = plgpu.Layout.WG_SPLAT(shape=())
 _RING_TRANSFORMS = (plgpu.TilingTransform((ATOM_ROWS, K_BLOCK)), plgpu.SwizzleTransform(128))
@@ -73,9 +74,7 @@ def _descriptor(field):
   """The 64-bit descriptor of the operand whose address field is `field`."""
   i64 = ir.IntegerType.get_signless(64)
   (reg,) = field.registers.flat
-  const = llvm.or_(arith.constant(i64, _DESC_CONST & 0xFFFFFFFF),
-                   arith.shli(arith.constant(i64, _DESC_CONST >> 32), arith.constant(i64, 32)))
-  return llvm.or_(arith.extui(i64, reg), const)
+  return llvm.or_(arith.extui(i64, reg), arith.constant(i64, _DESC_CONST))  # (bit 63 clear)
 
 
 def issue(a_field, b_field, rows: int, cols: int):
