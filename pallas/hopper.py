@@ -530,7 +530,8 @@ class _Warpgroup:
 
     With a K split among the warpgroups (cfg.k_stride > 1) this warpgroup takes
     every k_stride-th step from first_step(step0); the slot is carried. With
-    HopperConfig.desc_carry a dense pass also carries its WGMMA descriptors
+    HopperConfig.desc_carry a pass also carries its WGMMA descriptors: a grouped
+    pass the next step's fields (slot_fields), a dense one those and its slot
     (fields_carrying_loop)."""
     stride = self.cfg.k_stride
     if stride > 1:
@@ -547,6 +548,15 @@ class _Warpgroup:
       return lax.fori_loop(i32(0), count, strided_body, (carry, slot))[0]
 
     if not self.prob.scheduler.static_passes:
+      if self.ring_fields is not None:
+        def fields_step_body(ks, state):
+          carry, fields = state
+          with inputs.consume(step0 + ks) as st:
+            carry = k_step(st.index, ks, carry, fields=fields)
+          return carry, self.slot_fields(inputs.stage(step0 + ks + 1).index)
+        state = (carry, self.slot_fields(inputs.stage(step0).index))
+        return lax.fori_loop(i32(0), i32(k_steps), fields_step_body, state)[0]
+
       def step_body(ks, carry):
         with inputs.consume(step0 + ks) as st:
           return k_step(st.index, ks, carry)

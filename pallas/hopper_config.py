@@ -76,11 +76,11 @@ class HopperConfig:
   tests the next slot's barrier without blocking after the step's last WGMMA
   (before that chunk's promotion), so that the next step waits only where the
   test failed (pallas/barrier_probe.py).
-  desc_carry (dense K loops of one-block steps, no K split among warpgroups):
-  the loop forms each step's WGMMA descriptor fields in the step before and
+  desc_carry (K loops of one-block steps, no K split among warpgroups): the
+  loop forms each step's WGMMA descriptor fields in the step before and
   carries them, so that a step's WGMMAs issue without forming them from the
   slot's SMEM address after its ring wait (pallas/wgmma_desc.py; GPU interpret
-  mode runs Pallas's wgmma instead). The grouped schedulers' K loops ignore it.
+  mode runs Pallas's wgmma instead).
   """
   tile_m: int = 128
   tile_n: int = 256

@@ -505,16 +505,28 @@ def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *, grouped: b
 # Dense tilings whose K loop carries its WGMMA descriptors (HopperConfig.desc_carry):
 # one wide chunk a warpgroup (128 x 192 +2.2% at 4096x2112x7168, 128 x 160 +1.2%
 # at 1280x4096x7168 and +1.7% at 2048x2112x7168) and 256 x 128 split by rows (in
-# pairs sharing A +1.1% at 4096x4096x7168); not 128 x 256 split by columns (-1.5%
-# at 4096x7168x2048) (H200 2026-11-28). Per-row b scales and the grouped
-# schedulers are not measured: they keep Pallas's wgmma.
+# pairs sharing A +1.1% at 4096x4096x7168); not 128 x 256 split by columns (-1.1 to
+# -1.5% at 4096x7168x2048) nor 128 x 128 (-0.3% at 2000x7168x2048) (H200 2026-11-28).
+# Per-row b scales (the weight gradient's 128 x 128: +0.3-0.4%) keep Pallas's wgmma.
 DESC_CARRY_TILES = ((128, 192, "m", 2), (128, 160, "m", 2), (256, 128, "m", 2))
+# Masked grouped tilings that carry them, every one measured (H200 2026-11-28, over
+# random fills): 128 x 160 +2.0% (2 x 512 4096x7168), the decode 128 x 256 split by
+# columns +1.9% (32 x 64), 192 x 128 of three consumers +0.5% (1 x 1024), 128 x 192
+# +0.2% (4 x 256 7168x2048). Contiguous (ragged) groups keep Pallas's wgmma: 128 x 192
+# -0.7% (4 x 8192 4096x7168), 128 x 256 +0.6% (8 x 4096 7168x2048).
+MASKED_DESC_CARRY_TILES = ((128, 160, "m", 2), (128, 256, "n", 2), (192, 128, "m", 3),
+                           (128, 192, "m", 2))
 
 
-def desc_carry_pays(cfg: HopperConfig, *, grouped: bool, b_scale_rows: int) -> bool:
-  """Whether a tiling's K loop carries its WGMMA descriptors (DESC_CARRY_TILES)."""
-  return (not grouped and b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
-          and cfg.can_carry_descriptors())
+def desc_carry_pays(cfg: HopperConfig, *, grouped: bool, masked: bool,
+                    b_scale_rows: int) -> bool:
+  """Whether a tiling's K loop carries its WGMMA descriptors (DESC_CARRY_TILES,
+  MASKED_DESC_CARRY_TILES)."""
+  if not cfg.can_carry_descriptors():
+    return False
+  if masked:
+    return tile_key(cfg) in MASKED_DESC_CARRY_TILES
+  return not grouped and b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
 
 
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:

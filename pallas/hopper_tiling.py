@@ -291,7 +291,7 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     # Ragged groups (row_masks) store cut tiles row-exactly: one more buffer.
     cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages, exact_rows=row_masks)
     cfg = dataclasses.replace(cfg, desc_carry=hopper_cost.desc_carry_pays(
-        cfg, grouped=grouped, b_scale_rows=b_scale_rows))
+        cfg, grouped=grouped, masked=masked, b_scale_rows=b_scale_rows))
     try:
       cfg.check()
     except ValueError:

@@ -39,8 +39,27 @@ def test_runs_in_interpret_mode(tmp_path):
   rows = json.loads(out.read_text())
   assert [r["config"] for r in rows] == ["default", "stages=3"]   # tile_n=100: refused
   assert all(len(r["us"]) == 1 and r["us"][0] > 0 for r in rows)
+  assert all(r["max_diff_from_default"] == 0 for r in rows)   # the same sums
   with testing.gpu_interpret_mode():   # told the expected rows: fills around them
     masked_tilings.main(["--cases=2x64x128x256", "--draws=1", "--iters=1", "--expected_m=20",
                          f"--json_out={out}"])
   rows = json.loads(out.read_text())
-  assert len(rows) == 1 and all(14 <= r <= 26 for r in rows[0]["masked_m"][0])
+  assert len(rows) == 1 and all(14 <= r <= 26 for r in rows[0]["fills"][0])
+
+
+def test_contiguous_fills_sum_to_the_rows():
+  fills = masked_tilings.contiguous_draws(8, 512, 20)
+  assert all(f.sum() == 8 * 512 and f.min() >= 0 for f in fills)
+  sizes = np.concatenate(fills)
+  assert sizes.min() < 480 and sizes.max() > 544   # not all aligned
+  assert all((a == b).all() for a, b in zip(fills, masked_tilings.contiguous_draws(8, 512, 20)))
+
+
+def test_contiguous_runs_in_interpret_mode(tmp_path):
+  out = tmp_path / "rows.json"
+  with testing.gpu_interpret_mode():
+    masked_tilings.main(["--contiguous", "--cases=2x72x128x256", "--draws=1", "--iters=1",
+                         "--variants=stages=3", f"--json_out={out}"])
+  rows = json.loads(out.read_text())
+  assert [r["config"] for r in rows] == ["default", "stages=3"]
+  assert sum(rows[0]["fills"][0]) == 144 and rows[1]["max_diff_from_default"] == 0

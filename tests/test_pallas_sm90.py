@@ -331,6 +331,35 @@ def test_carried_descriptors_are_not_formed_from_slot_addresses(m, n, k):
   assert pallas_commit in _lowered_text(m, n, k, dataclasses.replace(cfg, desc_carry=False))
 
 
+def _masked_case(g, cap, n, k, expected_m):
+  """The rules' masked tiling for the case and its operands' avals."""
+  cfg = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True, expected_m=expected_m)
+  kb, nb = -(-k // 128), -(-n // 128)
+  avals = (jax.ShapeDtypeStruct((g, cap, k), FP8), jax.ShapeDtypeStruct((g, cap, kb), F32),
+           jax.ShapeDtypeStruct((g, n, k), FP8), jax.ShapeDtypeStruct((g, nb, kb), F32),
+           jax.ShapeDtypeStruct((g,), jnp.int32))
+  return cfg, avals
+
+
+# (192 x 128 of three consumers; the decode 128 x 256 split by columns)
+@pytest.mark.parametrize("g,cap,n,k,expected_m", [(1, 1408, 4096, 7168, 1024),
+                                                  (32, 128, 4096, 7168, 64)])
+def test_masked_carried_descriptors_are_not_formed_from_slot_addresses(g, cap, n, k,
+                                                                       expected_m):
+  """The masked scheduler's K loop (its slot from the step) with desc_carry: every
+  WGMMA from the carried fields, none through Pallas's wgmma."""
+  cfg, avals = _masked_case(g, cap, n, k, expected_m)
+  assert cfg.desc_carry
+
+  def text(config):
+    fn = lambda *x: hopper.masked_dot(*x, out_dtype=BF16, config=config)
+    return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+  pallas_commit = "wgmma.commit_group.sync.aligned;"
+  carried = text(cfg)
+  assert "wgmma.mma_async" in carried and pallas_commit not in carried
+  assert pallas_commit in text(dataclasses.replace(cfg, desc_carry=False))
+
+
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_fp8_output_epilogue_divides_by_the_rows_reciprocal(power_of_two):
   """The FP8 output's epilogue divides by each row's reciprocal (quant_math.quantize_rows:
@@ -538,6 +567,34 @@ def test_gpu_carried_descriptors_give_pallas_wgmma_bit_for_bit(m, n, k, out_dtyp
                                 np.asarray(outs[1].astype(jnp.float32)))
   err = _gpu_rel_error(outs[0], a, sa, b, sb, c, beta)
   assert err <= GPU_TOL[out_dtype], f"{m}x{n}x{k}: relative error {err:.3e}"
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("g,cap,n,k,expected_m", [
+    (1, 1408, 4096, 7168, 1024), (2, 768, 4096, 7168, 512), (4, 384, 7168, 2048, 256),
+    (32, 128, 4096, 7168, 64)])
+def test_gpu_masked_carried_descriptors_give_pallas_wgmma_bit_for_bit(g, cap, n, k,
+                                                                      expected_m):
+  """Masked K loops carrying their descriptors compute what Pallas's wgmma does, bit
+  for bit, over fills of 0 rows, the capacity, one row and odd counts (the contract
+  itself: tests/test_grouped_kernels.py at these tilings)."""
+  cfg, avals = _masked_case(g, cap, n, k, expected_m)
+  assert cfg.desc_carry
+  rng = np.random.default_rng(g * cap)
+  masked_m = rng.integers(0, cap + 1, size=g).astype(np.int32)
+  fixed = (0, cap, 1)[:g] if g > 1 else (cap - 7,)    # (one group: a partial last tile)
+  masked_m[:len(fixed)] = fixed
+  keys = jax.random.split(jax.random.key(g + n), 4)
+  a = (jax.random.normal(keys[0], avals[0].shape) * 64).astype(FP8)
+  b = (jax.random.normal(keys[1], avals[2].shape) * 64).astype(FP8)
+  sa = jnp.exp2(jax.random.uniform(keys[2], avals[1].shape, minval=-12.0, maxval=-4.0))
+  sb = jnp.exp2(jax.random.uniform(keys[3], avals[3].shape, minval=-12.0, maxval=-4.0))
+  outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.masked_dot(
+              *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, jnp.asarray(masked_m))
+              .astype(jnp.float32))
+          for config in (cfg, dataclasses.replace(cfg, desc_carry=False))]
+  assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
+  np.testing.assert_array_equal(outs[0], outs[1])
 
 
 @requires_gpu(major=9)

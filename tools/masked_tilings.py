@@ -1,6 +1,7 @@
-"""Times Hopper tilings of masked grouped GEMMs over random fills: the rows of a
-masked GEMM (masked_m) are known on the device only, so a tiling is judged by its
-mean time over fills, not at one draw. On the GPU machine.
+"""Times Hopper tilings of masked (or, with --contiguous, ragged) grouped GEMMs over
+random fills: the rows of a grouped GEMM (masked_m, group_sizes) are known on the
+device only, so a tiling is judged by its mean time over fills, not at one draw.
+On the GPU machine.
 
     python3 tools/masked_tilings.py --cases=1x1408x4096x7168,4x384x7168x2048 \\
         --draws=6 --variants="cluster_m=2; \\
@@ -12,8 +13,12 @@ A case is GxCAPACITYxNxK. Each draw gives every group masked_m uniform in
 (blockwise_fp8_masked_dot's expected_m). A variant is a comma list of HopperConfig fields
 replaced in the case's default (pallas/hopper_tiling.default_config), variants
 separated by ';' (tools/compare_configs.py's syntax); the default is always timed.
-One compilation per config: masked_m is a device array, so the draws only change
-operands. Prints each config's time per draw and its mean (kernel time through
+With --contiguous a case is GxROWSxNxK: a [G * ROWS, K] cut into G contiguous
+groups of sizes uniform in [0.7, 1.3] x ROWS rescaled to sum to G * ROWS
+(blockwise_fp8_ragged_dot; the default is the rules' ragged pick). Every variant's
+output at the first draw is compared with the default's (the same sums: a difference
+is reported). One compilation per config: masked_m is a device array, so the draws
+only change operands. Prints each config's time per draw and its mean (kernel time through
 CUPTI, operands rotated past the L2); --json_out writes them.
 """
 from __future__ import annotations
@@ -48,6 +53,19 @@ def draws(groups: int, capacity: int, count: int, seed: int = 0,
           .astype(np.int32) for _ in range(count)]
 
 
+def contiguous_draws(groups: int, rows: int, count: int, seed: int = 0) -> list[np.ndarray]:
+  """`count` group_sizes vectors summing to groups * rows, each size ~uniform in
+  [0.7, 1.3] x rows before the rescale (the last group takes the rounding)."""
+  rng = np.random.default_rng([seed, groups, rows, 1])
+  out = []
+  for _ in range(count):
+    w = rng.uniform(0.7, 1.3, groups)
+    sizes = np.floor(w / w.sum() * groups * rows).astype(np.int32)
+    sizes[-1] += groups * rows - sizes.sum()
+    out.append(sizes)
+  return out
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--cases", required=True, help="comma list of GxCAPACITYxNxK")
@@ -57,6 +75,8 @@ def main(argv=None) -> int:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--expected_m", type=int, default=None,
                  help="the rows a group is expected to hold (the fills and the default's hint)")
+  p.add_argument("--contiguous", action="store_true",
+                 help="ragged (contiguous) groups: cases are GxROWSxNxK")
   p.add_argument("--json_out", default=None)
   args = p.parse_args(argv)
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -74,19 +94,34 @@ def main(argv=None) -> int:
     fp8 = lambda *s: jnp.asarray(rng.standard_normal(s).astype(np.float32) * 64).astype(
         jnp.float8_e4m3fn)
     scales = lambda *s: jnp.asarray(np.exp2(rng.uniform(-12, -4, size=s)).astype(np.float32))
-    operands = (fp8(g, cap, k), scales(g, cap, kb), fp8(g, n, k), scales(g, nb, kb))
-    fills = draws(g, cap, args.draws, args.seed, args.expected_m)
-    base = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True,
-                                        expected_m=args.expected_m)
+    if args.contiguous:
+      m = g * cap
+      operands = (fp8(m, k), scales(m, kb), fp8(g, n, k), scales(g, nb, kb))
+      fills = contiguous_draws(g, cap, args.draws, args.seed)
+      base = hopper_tiling.default_config(m, n, k, grouped=True, row_masks=True)
+      run = hopper.ragged_dot
+    else:
+      operands = (fp8(g, cap, k), scales(g, cap, kb), fp8(g, n, k), scales(g, nb, kb))
+      fills = draws(g, cap, args.draws, args.seed, args.expected_m)
+      base = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True,
+                                          expected_m=args.expected_m)
+      run = hopper.masked_dot
     configs = variant_configs(base, variants, case)
-    print(f"{case}: masked_m draws {[f.tolist() for f in fills]}; default {base}", flush=True)
+    print(f"{case}: {'group_sizes' if args.contiguous else 'masked_m'} draws "
+          f"{[f.tolist() for f in fills]}; default {base}", flush=True)
+    reference = None
     for name, cfg in configs.items():
-      fn = functools.partial(hopper.masked_dot, out_dtype=jnp.bfloat16, config=cfg)
+      fn = functools.partial(run, out_dtype=jnp.bfloat16, config=cfg)
+      out = np.asarray(fn(*operands, jnp.asarray(fills[0])).astype(jnp.float32))
+      if reference is None:
+        reference = out
+      differs = np.abs(out - reference).max() if np.isfinite(out).all() else float("nan")
       us = [1e3 * autotune.kernel_time_ms(fn, (*operands, jnp.asarray(f)), iters=args.iters)
             for f in fills]
-      print(f"  {name:60s} mean {np.mean(us):8.1f} us | {' '.join(f'{t:7.1f}' for t in us)}",
-            flush=True)
-      rows.append(dict(case=case, config=name, masked_m=[f.tolist() for f in fills], us=us))
+      print(f"  {name:60s} mean {np.mean(us):8.1f} us | {' '.join(f'{t:7.1f}' for t in us)}"
+            f" | max|out - default's| {differs:g}", flush=True)
+      rows.append(dict(case=case, config=name, fills=[f.tolist() for f in fills], us=us,
+                       max_diff_from_default=float(differs)))
   if args.json_out:
     with open(args.json_out, "w") as f:
       json.dump(rows, f, indent=1)
