@@ -51,6 +51,12 @@ H_WIDE_160 = hopper.HopperConfig(tile_m=128, tile_n=160, wg_split="m", stages=2,
 # b scales too; the warpgroups one above the other, or side by side.
 H_TMA_M = dataclasses.replace(H_SPLIT_M, tma_scales=True)
 H_TMA_N = dataclasses.replace(H_SPLIT_N, tma_scales=True)
+# Ragged groups of many rows over long K loops: 256 x 128 tiles split by rows (two
+# 64 x 128 chunks a warpgroup), scales in the ring, descriptors carried (on the GPU;
+# interpret mode runs Pallas's wgmma: tests/test_pallas_sm90.py compares the two).
+H_RAGGED_WIDE = hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m", stages=2, num_sms=2,
+                                    producer_registers=72, tma_scales=True,
+                                    step_top_overlap=True, desc_carry=True)
 # A K split among the warpgroups (each the whole tile, every other K step).
 H_K_SPLIT = hopper.HopperConfig(tile_m=64, tile_n=64, wg_split="k", stages=2, num_sms=3,
                                 epi_tile_n=32, scale_product=False)
@@ -204,6 +210,7 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     # ... read once the piece's first WGMMA is issued (the rules' ragged tiles from M = 2048)
     ("sm90", dataclasses.replace(H_TMA_M, step_top_overlap=True), 300, [129, 127, 0, 1]),
     ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 200, [37, 0, 1, 100, 20]),
+    ("sm90", H_RAGGED_WIDE, 600, [129, 300, 0, 1, 100]),       # groups inside 256-row tiles
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm90", H_SMALL, 2, [1, 0, 1]),                           # a-scales read one by one
     ("sm90", H_K_SPLIT, 200, [37, 0, 1, 100, 20]),             # K split among warpgroups

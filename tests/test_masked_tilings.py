@@ -53,6 +53,7 @@ def test_contiguous_fills_sum_to_the_rows():
   sizes = np.concatenate(fills)
   assert sizes.min() < 480 and sizes.max() > 544   # not all aligned
   assert all((a == b).all() for a, b in zip(fills, masked_tilings.contiguous_draws(8, 512, 20)))
+  assert all((f == 512).all() for f in masked_tilings.contiguous_draws(8, 512, 3, aligned=True))
 
 
 def test_contiguous_runs_in_interpret_mode(tmp_path):

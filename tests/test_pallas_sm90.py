@@ -360,6 +360,26 @@ def test_masked_carried_descriptors_are_not_formed_from_slot_addresses(g, cap, n
   assert pallas_commit in text(dataclasses.replace(cfg, desc_carry=False))
 
 
+def test_ragged_wide_tiles_carry_their_descriptors():
+  """The ragged rules' 256 x 128 tiles (hopper_cost.RAGGED_WIDE_TILE): every WGMMA
+  from the carried fields."""
+  g, m, n, k = 4, 32768, 4096, 7168
+  cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
+  assert (cfg.tile_m, cfg.tile_n, cfg.desc_carry) == (256, 128, True)
+  avals = (jax.ShapeDtypeStruct((m, k), FP8), jax.ShapeDtypeStruct((m, k // 128), F32),
+           jax.ShapeDtypeStruct((g, n, k), FP8),
+           jax.ShapeDtypeStruct((g, n // 128, k // 128), F32),
+           jax.ShapeDtypeStruct((g,), jnp.int32))
+
+  def text(config):
+    fn = lambda *x: hopper.ragged_dot(*x, out_dtype=BF16, config=config)
+    return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+  pallas_commit = "wgmma.commit_group.sync.aligned;"
+  carried = text(cfg)
+  assert "wgmma.mma_async" in carried and pallas_commit not in carried
+  assert pallas_commit in text(dataclasses.replace(cfg, desc_carry=False))
+
+
 @pytest.mark.parametrize("power_of_two", [False, True])
 def test_fp8_output_epilogue_divides_by_the_rows_reciprocal(power_of_two):
   """The FP8 output's epilogue divides by each row's reciprocal (quant_math.quantize_rows:
@@ -593,6 +613,31 @@ def test_gpu_masked_carried_descriptors_give_pallas_wgmma_bit_for_bit(g, cap, n,
               *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, jnp.asarray(masked_m))
               .astype(jnp.float32))
           for config in (cfg, dataclasses.replace(cfg, desc_carry=False))]
+  assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
+  np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("sizes", [[8192] * 4, [8915, 6546, 10707, 6600], [0, 20000, 129, 12639]])
+def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
+  """The ragged rules' 256 x 128 tiles carrying their descriptors compute what the
+  128 x 192 tiles do, bit for bit (the same block order), groups aligned or not (the
+  contract at them: tests/test_grouped_kernels.py's benchmark shapes)."""
+  g, m, n, k = len(sizes), sum(sizes), 4096, 7168
+  cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
+  assert (cfg.tile_m, cfg.tile_n, cfg.desc_carry) == (256, 128, True)
+  narrow = dataclasses.replace(cfg, tile_m=128, tile_n=192, producer_registers=40,
+                               wide_chunks=True, desc_carry=False)
+  keys = jax.random.split(jax.random.key(g), 4)
+  a = (jax.random.normal(keys[0], (m, k)) * 64).astype(FP8)
+  b = (jax.random.normal(keys[1], (g, n, k)) * 64).astype(FP8)
+  sa = jnp.exp2(jax.random.uniform(keys[2], (m, k // 128), minval=-12.0, maxval=-4.0))
+  sb = jnp.exp2(jax.random.uniform(keys[3], (g, n // 128, k // 128), minval=-12.0,
+                                   maxval=-4.0))
+  gs = jnp.asarray(sizes, jnp.int32)
+  outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.ragged_dot(
+              *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, gs).astype(jnp.float32))
+          for config in (cfg, narrow)]
   assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
   np.testing.assert_array_equal(outs[0], outs[1])
 

@@ -40,7 +40,7 @@ def cases():
                                tma_scales=False, step_top_overlap=False)
   out["dense_4096x7168x2048_staged"] = dense(4096, 7168, 2048, staged)
   g, rows, n, k = 8, 4096, 4096, 7168
-  rcfg = hopper_tiling.default_config(g * rows, n, k, grouped=True, row_masks=True)
+  rcfg = hopper_tiling.default_config(g * rows, n, k, groups=g, grouped=True, row_masks=True)
   out["ragged_8x4096x4096x7168"] = (
       lambda a, sa, b, sb, gs: hopper.ragged_dot(a, sa, b, sb, gs, out_dtype=bf16, config=rcfg),
       [s((g * rows, k), f8), s((g * rows, k // 128), f32), s((g, n, k), f8),

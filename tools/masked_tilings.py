@@ -53,9 +53,13 @@ def draws(groups: int, capacity: int, count: int, seed: int = 0,
           .astype(np.int32) for _ in range(count)]
 
 
-def contiguous_draws(groups: int, rows: int, count: int, seed: int = 0) -> list[np.ndarray]:
+def contiguous_draws(groups: int, rows: int, count: int, seed: int = 0,
+                     aligned: bool = False) -> list[np.ndarray]:
   """`count` group_sizes vectors summing to groups * rows, each size ~uniform in
-  [0.7, 1.3] x rows before the rescale (the last group takes the rounding)."""
+  [0.7, 1.3] x rows before the rescale (the last group takes the rounding), or
+  (aligned) every group `rows` rows."""
+  if aligned:
+    return [np.full(groups, rows, np.int32) for _ in range(count)]
   rng = np.random.default_rng([seed, groups, rows, 1])
   out = []
   for _ in range(count):
@@ -77,6 +81,8 @@ def main(argv=None) -> int:
                  help="the rows a group is expected to hold (the fills and the default's hint)")
   p.add_argument("--contiguous", action="store_true",
                  help="ragged (contiguous) groups: cases are GxROWSxNxK")
+  p.add_argument("--aligned", action="store_true",
+                 help="with --contiguous: every group ROWS rows (else random sizes)")
   p.add_argument("--json_out", default=None)
   args = p.parse_args(argv)
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -97,8 +103,8 @@ def main(argv=None) -> int:
     if args.contiguous:
       m = g * cap
       operands = (fp8(m, k), scales(m, kb), fp8(g, n, k), scales(g, nb, kb))
-      fills = contiguous_draws(g, cap, args.draws, args.seed)
-      base = hopper_tiling.default_config(m, n, k, grouped=True, row_masks=True)
+      fills = contiguous_draws(g, cap, args.draws, args.seed, args.aligned)
+      base = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
       run = hopper.ragged_dot
     else:
       operands = (fp8(g, cap, k), scales(g, cap, kb), fp8(g, n, k), scales(g, nb, kb))
