@@ -548,19 +548,15 @@ class _Warpgroup:
       return lax.fori_loop(i32(0), count, strided_body, (carry, slot))[0]
 
     if not self.prob.scheduler.static_passes:
-      if self.ring_fields is not None:
-        def fields_step_body(ks, state):
-          carry, fields = state
-          with inputs.consume(step0 + ks) as st:
-            carry = k_step(st.index, ks, carry, fields=fields)
-          return carry, self.slot_fields(inputs.stage(step0 + ks + 1).index)
-        state = (carry, self.slot_fields(inputs.stage(step0).index))
-        return lax.fori_loop(i32(0), i32(k_steps), fields_step_body, state)[0]
+      carried = self.ring_fields is not None  # desc_carry: the next step's fields
 
-      def step_body(ks, carry):
+      def step_body(ks, state):
+        carry, fields = state
         with inputs.consume(step0 + ks) as st:
-          return k_step(st.index, ks, carry)
-      return lax.fori_loop(i32(0), i32(k_steps), step_body, carry)
+          carry = k_step(st.index, ks, carry, fields=fields)
+        return carry, self.slot_fields(inputs.stage(step0 + ks + 1).index) if carried else None
+      first = self.slot_fields(inputs.stage(step0).index) if carried else None
+      return lax.fori_loop(i32(0), i32(k_steps), step_body, (carry, first))[0]
 
     if self.ring_fields is not None:
       return self.fields_carrying_loop(inputs, step0, k_steps, k_step, carry)

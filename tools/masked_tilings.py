@@ -15,7 +15,8 @@ replaced in the case's default (pallas/hopper_tiling.default_config), variants
 separated by ';' (tools/compare_configs.py's syntax); the default is always timed.
 With --contiguous a case is GxROWSxNxK: a [G * ROWS, K] cut into G contiguous
 groups of sizes uniform in [0.7, 1.3] x ROWS rescaled to sum to G * ROWS
-(blockwise_fp8_ragged_dot; the default is the rules' ragged pick). Every variant's
+(blockwise_fp8_ragged_dot; the default is the rules' ragged pick; --aligned: every
+group ROWS rows). Every variant's
 output at the first draw is compared with the default's (the same sums: a difference
 is reported). One compilation per config: masked_m is a device array, so the draws
 only change operands. Prints each config's time per draw and its mean (kernel time through
