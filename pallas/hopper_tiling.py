@@ -104,7 +104,8 @@ def _fp8_mid_k_split(m: int, n: int, k: int, b_scale_rows: int,
 
 def _grouped_allows(cfg: HopperConfig) -> bool:
   """Grouped schedulers take no K splits and no clusters (masked ones can run
-  pairs of CTAs: an explicit config only, no faster on our tiles; RESULTS.md)."""
+  pairs of CTAs, no faster on our tiles, ragged ones pairs sharing A, not timed
+  yet: explicit configs only; RESULTS.md)."""
   return cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
 
 

@@ -140,13 +140,15 @@ def dense(t: Tiling, a, a_scale, b, b_scale, c, *, beta: float, out_dtype,
                 out_type, finish)
 
 
-def _check_grouped(t: Tiling, clusters: bool = False):
+def _check_grouped(t: Tiling, pairs_sharing_b: bool = False):
   """Grouped GEMMs take no K splits; clusters only where the scheduler pairs
-  tiles of one group (masked)."""
+  tiles of one group: side by side (cluster_n), and one above the other
+  (cluster_m) in masked groups (ragged pieces of one row tile have no
+  neighbour in the same group)."""
   if t.split_k != 1:
     raise ValueError(f"grouped GEMMs take no K splits (split_k=1), got {t}")
-  if not clusters and t.cluster_m * t.cluster_n != 1:
-    raise ValueError(f"ragged grouped GEMMs take no clusters (cluster_m=cluster_n=1), got {t}")
+  if not pairs_sharing_b and t.cluster_m != 1:
+    raise ValueError(f"ragged grouped GEMMs take no pairs sharing B (cluster_m=1), got {t}")
 
 
 def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Launch:
@@ -158,7 +160,8 @@ def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Laun
   ops = t.pad(a[None], a_scale[None], b, None, out_dtype)
   pieces, piece_counts = sched_lib.ragged_pieces(group_sizes, m, t.tile_m)
   sched = sched_lib.RaggedScheduler(m=m, n=n, tile_m=t.tile_m, tile_n=t.tile_n,
-                                    grid_minor=t.grid_minor, group=t.group, num_groups=g)
+                                    grid_minor=t.grid_minor, group=t.group, num_groups=g,
+                                    cluster_n=t.cluster_n)
   meta = dict(pieces=pieces, piece_counts=piece_counts)
   # A unit's rows outside its piece are computed with its group's weights and
   # never stored: their scales need no masking.
@@ -171,7 +174,7 @@ def ragged(t: Tiling, a, a_scale, b, b_scale, group_sizes, *, out_dtype) -> Laun
 def masked(t: Tiling, a, a_scale, b, b_scale, masked_m, *, out_dtype) -> Launch:
   """G GEMMs a[g] [M, K] x b[g] [N, K] of which only the first masked_m[g]
   rows exist (the rest are stored as zeros). Result [G, M, N]."""
-  _check_grouped(t, clusters=True)
+  _check_grouped(t, pairs_sharing_b=True)
   g, m, k = a.shape
   n = b.shape[1]
   ops = t.pad(a, a_scale, b, None, out_dtype)

@@ -263,10 +263,15 @@ class RaggedScheduler(_Walk):
   GMEM refs, built by `ragged_pieces` in XLA from the group sizes:
   pieces [m_tiles + G, 4]: (row tile, b group, first row, end row) of each piece,
   the K-pass pieces first; piece_counts [2]: K-pass pieces, all pieces.
+
+  Optionally in clusters of 2 CTAs side by side (cluster_n): a unit is a piece
+  times a pair of column tiles, the pair's CTAs the same rows of one group (A
+  shared by multicast); a pair's second tile may lie past N.
   """
   pieces: Any = None
   piece_counts: Any = None
   num_groups: int = 1
+  cluster_n: int = 1
   static_units = False
   # The loop made ptxas spill 460 bytes in 128 x 256 tiles, the branch none.
   # (The masked scheduler keeps the loop: with the branch its 128 x 256 decode
@@ -274,13 +279,18 @@ class RaggedScheduler(_Walk):
   single_pass = True
 
   @property
+  def n_units(self) -> int:
+    """Units along N: column tiles, or pairs of them."""
+    return pl.cdiv(self.n_tiles, self.cluster_n)
+
+  @property
   def num_units(self) -> int:
     """An upper bound (each group boundary inside a tile adds a piece)."""
-    return (self.m_tiles + self.num_groups) * self.n_tiles
+    return (self.m_tiles + self.num_groups) * self.n_units
 
   def _unit_counts(self):
     """(K-pass units, all units), read from GMEM."""
-    return self.piece_counts[0] * i32(self.n_tiles), self.piece_counts[1] * i32(self.n_tiles)
+    return self.piece_counts[0] * i32(self.n_units), self.piece_counts[1] * i32(self.n_units)
 
   def local_units(self, cta, num_ctas):
     return _share(self._unit_counts()[1], cta, num_ctas)
@@ -290,16 +300,17 @@ class RaggedScheduler(_Walk):
     return _share(self._unit_counts()[0], cta, num_ctas) * steps_per_pass
 
   def tile(self, unit, cluster_index) -> Tile:
-    del cluster_index
     pass_pieces = self.piece_counts[0]
-    pass_units = pass_pieces * i32(self.n_tiles)
+    pass_units = pass_pieces * i32(self.n_units)
     has_pass = unit < pass_units
     p_snake, n_snake = _snake(jnp.minimum(unit, pass_units - 1),
-                              jnp.maximum(pass_pieces, 1), self.n_tiles, self.grid_minor,
+                              jnp.maximum(pass_pieces, 1), self.n_units, self.grid_minor,
                               self.group)
     zero = jnp.maximum(unit - pass_units, 0)
-    piece = jnp.where(has_pass, p_snake, pass_pieces + lax.div(zero, i32(self.n_tiles)))
-    ni = jnp.where(has_pass, n_snake, lax.rem(zero, i32(self.n_tiles)))
+    piece = jnp.where(has_pass, p_snake, pass_pieces + lax.div(zero, i32(self.n_units)))
+    ni = jnp.where(has_pass, n_snake, lax.rem(zero, i32(self.n_units)))
+    if self.cluster_n > 1:
+      ni = ni * self.cluster_n + cluster_index
     row_tile, _, row_lo, row_hi = (self.pieces[piece, j] for j in range(4))
     return Tile(m0=row_tile * self.tile_m, n0=ni * self.tile_n, a_group=i32(0),
                 out_group=i32(0), k0=i32(0), passes=has_pass.astype(i32), row_end=row_hi,

@@ -424,11 +424,28 @@ def test_ragged_pieces(sizes, m, tile_m):
   assert len(pieces) >= len(want)
 
 
-def test_grouped_configs_take_no_splits_or_clusters():
+def test_grouped_configs_take_no_splits_or_pairs_sharing_b():
   args, _, _ = _ragged_operands(0, 64, 64, 128, [64])
   for bad in (dict(split_k=2), dict(cluster_m=2)):
     with pytest.raises(ValueError, match="grouped"):
       hopper.ragged_dot(*args, out_dtype=F32, config=dataclasses.replace(H_SMALL, **bad))
+
+
+# Ragged pieces in pairs of CTAs side by side sharing A (cluster_n): three column tiles
+# (the last pair's second past N), groups cut inside row tiles, an empty group, one row,
+# rows past the groups; the ragged rules' 256 x 128 tiles in one pair past N.
+@pytest.mark.parametrize("cfg,m,n,sizes", [
+    (dataclasses.replace(H_SMALL, num_sms=4, cluster_n=2), 150, 160, [37, 0, 1, 80]),
+    (dataclasses.replace(H_SMALL, num_sms=6, cluster_n=2, tma_scales=True), 200, 136,
+     [129, 60]),
+    (dataclasses.replace(H_RAGGED_WIDE, num_sms=4, cluster_n=2), 300, 96, [129, 100, 0, 1]),
+])
+def test_ragged_pairs_sharing_a(cfg, m, n, sizes):
+  args, ref, end = _ragged_operands(m + n, m, n, 300, sizes)
+  fn = lambda *xs: hopper.ragged_dot(*xs, out_dtype=F32, config=cfg)
+  out = np.asarray(_interpret(fn, *args), np.float64)
+  assert np.all(out[end:] == 0.0), "rows past the last group must be zeros"
+  testing.assert_close(out[:end], ref[:end], F32)
 
 
 @pytest.mark.parametrize("cfg,m,n,masked,reads_count", [
@@ -481,6 +498,10 @@ def test_variants_lower_for_cuda(arch):
     pairs = dataclasses.replace(hopper_tiling.default_config(100, n, k, groups=g, grouped=True),
                                 cluster_m=2)
     _lower(lambda *xs: mod.masked_dot(*xs, out_dtype=BF16, config=pairs), *masked)
+    # ragged pieces in pairs sharing A, in the rules' 256 x 128 tiles (N = 2112: 17
+    # column tiles, the last pair's second past N)
+    pairs = dataclasses.replace(H_RAGGED_WIDE, num_sms=None, stages=3, cluster_n=2)
+    _lower(lambda *xs: mod.ragged_dot(*xs, out_dtype=BF16, config=pairs), *grouped)
   dense = (s((4096, k), FP8), s((4096, 13), jnp.float32), s((n, k), FP8), s((17, 13), jnp.float32))
   # a's short TMA box: fewer rows than a tile; the last of several row tiles
   for m in (3, 16, 300):
