@@ -26,7 +26,7 @@ from M = 2048 outside masked groups (hopper_cost.tma_scales_pay; where a form do
 not say), with them the
 step top overlapped (hopper_cost.step_top_overlap_pays), the widest
 epilogue store, the producer's registers, the ring fitted into SMEM. Grouped
-schedulers take no K splits and no clusters (`_grouped_allows`). A masked GEMM's M is its groups'
+schedulers take no K splits and no clusters in the rules (`_grouped_allows`). A masked GEMM's M is its groups'
 capacity: the rows that exist are known on the device only, so its estimate
 is the mean over fills of the capacity (hopper_cost.masked_rows), or, told the
 rows a group is expected to hold (expected_m), over fills around them, among

@@ -29,7 +29,8 @@ Schedulers (see next-wave-notes.md, DeepGEMM's GemmType):
   contiguous groups of any size, group g multiplied by b[g]. A tile whose rows
   span several groups is cut into pieces, one unit each: every unit runs one
   K pass (its group's) and stores only its piece's rows. Rows past the last
-  group are zeros (pieces without a K pass).
+  group are zeros (pieces without a K pass); optionally in CTA pairs side by
+  side sharing A (a piece's rows) by multicast.
 """
 from __future__ import annotations
 
