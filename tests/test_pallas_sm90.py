@@ -8,6 +8,7 @@ GPU: correctness at the DeepSeek-V3 shapes and odd shapes, and determinism;
 skipped without a Hopper GPU.
 """
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -309,36 +310,43 @@ def test_lowers_for_cuda(m, n, k, c_dtype, out_dtype):
   assert "mosaic_gpu" in lowered.as_text()
 
 
-def _lowered_text(m, n, k, cfg):
-  def fn(a, sa, b, sb):
-    return hopper.blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0, out_dtype=BF16, config=cfg)
-  return jax.jit(fn).trace(*_avals(m, n, k)).lower(lowering_platforms=("cuda",)).as_text()
+def _assert_every_wgmma_carried(call, avals, cfg):
+  """With cfg's desc_carry every WGMMA of the kernel is issued from the descriptors
+  its K loop carries (pallas/wgmma_desc.py), none through Pallas's wgmma (whose
+  lowering forms them from the slot's SMEM address and commits with an inline
+  `wgmma.commit_group` of its own); without it, through Pallas's.
+  call(*operands, config=...) runs the kernel."""
+  def text(config):
+    fn = lambda *x: call(*x, config=config)
+    return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
+  assert cfg.desc_carry
+  pallas_commit = "wgmma.commit_group.sync.aligned;"
+  carried = text(cfg)
+  assert "wgmma.mma_async" in carried and pallas_commit not in carried
+  assert pallas_commit in text(dataclasses.replace(cfg, desc_carry=False))
+
+
+def _grouped_avals(lead, m, n, k, g):
+  kb, nb = -(-k // 128), -(-n // 128)
+  return (jax.ShapeDtypeStruct((*lead, m, k), FP8), jax.ShapeDtypeStruct((*lead, m, kb), F32),
+          jax.ShapeDtypeStruct((g, n, k), FP8), jax.ShapeDtypeStruct((g, nb, kb), F32),
+          jax.ShapeDtypeStruct((g,), jnp.int32))
 
 
 # (one wide chunk a warpgroup with the scales from GMEM; with them in the ring and the
 # step top overlapped; 256 x 128 tiles in pairs sharing A)
 @pytest.mark.parametrize("m,n,k", [(1280, 4096, 7168), (4096, 2112, 7168), (4096, 4096, 7168)])
 def test_carried_descriptors_are_not_formed_from_slot_addresses(m, n, k):
-  """With desc_carry every WGMMA of the kernel is issued from the descriptors its K
-  loop carries (pallas/wgmma_desc.py), none through Pallas's wgmma (whose lowering
-  forms them from the slot's SMEM address and commits with an inline
-  `wgmma.commit_group` of its own); without it, through Pallas's."""
-  cfg = hopper_tiling.default_config(m, n, k)
-  assert cfg.desc_carry
-  pallas_commit = "wgmma.commit_group.sync.aligned;"
-  carried = _lowered_text(m, n, k, cfg)
-  assert "wgmma.mma_async" in carried and pallas_commit not in carried
-  assert pallas_commit in _lowered_text(m, n, k, dataclasses.replace(cfg, desc_carry=False))
+  _assert_every_wgmma_carried(
+      lambda a, sa, b, sb, config: hopper.blockwise_fp8_dot(a, sa, b, sb, None, beta=1.0,
+                                                            out_dtype=BF16, config=config),
+      _avals(m, n, k), hopper_tiling.default_config(m, n, k))
 
 
 def _masked_case(g, cap, n, k, expected_m):
   """The rules' masked tiling for the case and its operands' avals."""
   cfg = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True, expected_m=expected_m)
-  kb, nb = -(-k // 128), -(-n // 128)
-  avals = (jax.ShapeDtypeStruct((g, cap, k), FP8), jax.ShapeDtypeStruct((g, cap, kb), F32),
-           jax.ShapeDtypeStruct((g, n, k), FP8), jax.ShapeDtypeStruct((g, nb, kb), F32),
-           jax.ShapeDtypeStruct((g,), jnp.int32))
-  return cfg, avals
+  return cfg, _grouped_avals((g,), cap, n, k, g)
 
 
 # (192 x 128 of three consumers; the decode 128 x 256 split by columns)
@@ -346,38 +354,18 @@ def _masked_case(g, cap, n, k, expected_m):
                                                   (32, 128, 4096, 7168, 64)])
 def test_masked_carried_descriptors_are_not_formed_from_slot_addresses(g, cap, n, k,
                                                                        expected_m):
-  """The masked scheduler's K loop (its slot from the step) with desc_carry: every
-  WGMMA from the carried fields, none through Pallas's wgmma."""
+  """The masked scheduler's K loop (its slot from the step) with desc_carry."""
   cfg, avals = _masked_case(g, cap, n, k, expected_m)
-  assert cfg.desc_carry
-
-  def text(config):
-    fn = lambda *x: hopper.masked_dot(*x, out_dtype=BF16, config=config)
-    return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-  pallas_commit = "wgmma.commit_group.sync.aligned;"
-  carried = text(cfg)
-  assert "wgmma.mma_async" in carried and pallas_commit not in carried
-  assert pallas_commit in text(dataclasses.replace(cfg, desc_carry=False))
+  _assert_every_wgmma_carried(functools.partial(hopper.masked_dot, out_dtype=BF16), avals, cfg)
 
 
 def test_ragged_wide_tiles_carry_their_descriptors():
-  """The ragged rules' 256 x 128 tiles (hopper_cost.RAGGED_WIDE_TILE): every WGMMA
-  from the carried fields."""
+  """The ragged rules' 256 x 128 tiles (hopper_cost.RAGGED_WIDE_TILE)."""
   g, m, n, k = 4, 32768, 4096, 7168
   cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
-  assert (cfg.tile_m, cfg.tile_n, cfg.desc_carry) == (256, 128, True)
-  avals = (jax.ShapeDtypeStruct((m, k), FP8), jax.ShapeDtypeStruct((m, k // 128), F32),
-           jax.ShapeDtypeStruct((g, n, k), FP8),
-           jax.ShapeDtypeStruct((g, n // 128, k // 128), F32),
-           jax.ShapeDtypeStruct((g,), jnp.int32))
-
-  def text(config):
-    fn = lambda *x: hopper.ragged_dot(*x, out_dtype=BF16, config=config)
-    return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-  pallas_commit = "wgmma.commit_group.sync.aligned;"
-  carried = text(cfg)
-  assert "wgmma.mma_async" in carried and pallas_commit not in carried
-  assert pallas_commit in text(dataclasses.replace(cfg, desc_carry=False))
+  assert (cfg.tile_m, cfg.tile_n) == (256, 128)
+  _assert_every_wgmma_carried(functools.partial(hopper.ragged_dot, out_dtype=BF16),
+                              _grouped_avals((), m, n, k, g), cfg)
 
 
 @pytest.mark.parametrize("power_of_two", [False, True])
