@@ -608,8 +608,9 @@ def test_gpu_masked_carried_descriptors_give_pallas_wgmma_bit_for_bit(g, cap, n,
 @requires_gpu(major=9)
 @pytest.mark.parametrize("sizes", [[8192] * 4, [8915, 6546, 10707, 6600], [0, 20000, 129, 12639]])
 def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
-  """The ragged rules' 256 x 128 tiles carrying their descriptors compute what the
-  128 x 192 tiles do, bit for bit (the same block order), groups aligned or not (the
+  """The ragged rules' 256 x 128 tiles carrying their descriptors, alone and in
+  pairs sharing A (cluster_n=2, an explicit config), compute what the 128 x 192
+  tiles do, bit for bit (the same block order), groups aligned or not (the
   contract at them: tests/test_grouped_kernels.py's benchmark shapes)."""
   g, m, n, k = len(sizes), sum(sizes), 4096, 7168
   cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
@@ -625,9 +626,10 @@ def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
   gs = jnp.asarray(sizes, jnp.int32)
   outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.ragged_dot(
               *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, gs).astype(jnp.float32))
-          for config in (cfg, narrow)]
+          for config in (narrow, cfg, dataclasses.replace(cfg, cluster_n=2))]
   assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
-  np.testing.assert_array_equal(outs[0], outs[1])
+  for out in outs[1:]:
+    np.testing.assert_array_equal(out, outs[0])
 
 
 @requires_gpu(major=9)
