@@ -530,10 +530,10 @@ class _Warpgroup:
 
     With a K split among the warpgroups (cfg.k_stride > 1) this warpgroup takes
     every k_stride-th step from first_step(step0); the slot is carried. With
-    HopperConfig.desc_carry a pass also carries its WGMMA descriptors: a grouped
-    pass the next step's fields (slot_fields), a dense one those and its slot
-    (fields_carrying_loop)."""
+    HopperConfig.desc_carry a pass also carries the next step's WGMMA descriptor
+    fields (slot_fields), from which k_step(..., fields=...) issues its WGMMAs."""
     stride = self.cfg.k_stride
+    carried = self.ring_fields is not None  # desc_carry: the next step's fields
     if stride > 1:
       first = self.first_step(step0)
 
@@ -548,8 +548,6 @@ class _Warpgroup:
       return lax.fori_loop(i32(0), count, strided_body, (carry, slot))[0]
 
     if not self.prob.scheduler.static_passes:
-      carried = self.ring_fields is not None  # desc_carry: the next step's fields
-
       def step_body(ks, state):
         carry, fields = state
         with inputs.consume(step0 + ks) as st:
@@ -558,45 +556,29 @@ class _Warpgroup:
       first = self.slot_fields(inputs.stage(step0).index) if carried else None
       return lax.fori_loop(i32(0), i32(k_steps), step_body, (carry, first))[0]
 
-    if self.ring_fields is not None:
-      return self.fields_carrying_loop(inputs, step0, k_steps, k_step, carry)
-
-    if not self.cfg.step_top_overlap:
-      def body(ks, carry_slot):
-        carry, slot = carry_slot
-        with inputs.consume_slot(slot):
-          carry = k_step(slot, ks, carry)
-        return carry, inputs.next_index(slot)
-      return lax.fori_loop(i32(0), i32(k_steps), body, (carry, inputs.stage(step0).index))[0]
-
-    def tested_body(ks, state):
-      carry, slot, ready = state  # ready: the test of this slot in the step before
-      nxt = inputs.next_index(slot)
-      tested = []
-      with inputs.consume_slot(slot, ready):
-        carry = k_step(slot, ks, carry, lambda: tested.append(inputs.full_ready(nxt)))
-      return carry, nxt, tested[0]
-    state = (carry, inputs.stage(step0).index, jnp.bool_(False))  # a pass's first step waits
-    return lax.fori_loop(i32(0), i32(k_steps), tested_body, state)[0]
-
-  def fields_carrying_loop(self, inputs, step0, k_steps: int, k_step, carry):
-    """k_loop's dense loop with HopperConfig.desc_carry: each step's WGMMA
-    descriptor fields (slot_fields) are formed in the step before, ahead of the
-    back edge and the ring wait's branch, and carried; k_step(slot, ks, carry,
-    [hook,] fields=...) issues its WGMMAs from them (pallas/wgmma_desc.py), and
-    with step_top_overlap tests the next slot as k_loop's tested loop does."""
+    # A dense pass carries its slot; with step_top_overlap the non-blocking test of
+    # the next slot's barrier, made after the step's last WGMMA (`ready`); with
+    # desc_carry the next step's WGMMA descriptor fields (slot_fields), formed ahead
+    # of the back edge and the ring wait's branch (pallas/wgmma_desc.py).
     overlap = self.cfg.step_top_overlap
 
     def body(ks, state):
       carry, slot, ready, fields = state
-      nxt = inputs.next_index(slot)
+      # (the plain loop advances its slot after the step: as measured)
+      nxt = inputs.next_index(slot) if overlap or carried else None
       tested = []
       hook = (lambda: tested.append(inputs.full_ready(nxt)),) if overlap else ()
       with inputs.consume_slot(slot, ready if overlap else None):
         carry = k_step(slot, ks, carry, *hook, fields=fields)
-      return carry, nxt, tested[0] if overlap else ready, self.slot_fields(nxt)
+      if nxt is None:
+        nxt = inputs.next_index(slot)
+      return (carry, nxt, tested[0] if overlap else ready,
+              self.slot_fields(nxt) if carried else None)
     first = inputs.stage(step0).index
-    state = (carry, first, jnp.bool_(False), self.slot_fields(first))
+    # False: a pass's first step waits (a loop value, unread, in carrying loops
+    # without the overlap: as measured).
+    ready = jnp.bool_(False) if overlap or carried else None
+    state = (carry, first, ready, self.slot_fields(first) if carried else None)
     return lax.fori_loop(i32(0), i32(k_steps), body, state)[0]
 
   def run_staged_pass(self, inputs, a_smem, b_smem, tile, tp, step0, acc, k_steps: int):
