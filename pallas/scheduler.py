@@ -91,6 +91,9 @@ class _Walk:
   # num_units as an int32 GMEM ref [1] to read at run time, or None: the
   # constant (hopper._run gives it where the constant would unroll a loop).
   units_ref: Any = None
+  # Clusters of 2 CTAs side by side (neighbouring column tiles, A shared by
+  # multicast), where the scheduler takes them.
+  cluster_n: int = 1
 
   @property
   def m_tiles(self) -> int:
@@ -99,6 +102,15 @@ class _Walk:
   @property
   def n_tiles(self) -> int:
     return pl.cdiv(self.n, self.tile_n)
+
+  @property
+  def n_units(self) -> int:
+    """Units along N: column tiles, or pairs of them (cluster_n)."""
+    return pl.cdiv(self.n_tiles, self.cluster_n)
+
+  def column_tile(self, ni, cluster_index):
+    """The column tile of CTA cluster_index in the unit at ni along N."""
+    return ni * self.cluster_n + cluster_index if self.cluster_n > 1 else ni
 
   # Schedulers whose every tile runs exactly one K pass need no pass loop; where
   # a tile runs at most one (tile.passes 0 or 1), `single_pass` asks the Hopper
@@ -132,26 +144,23 @@ class DenseScheduler(_Walk):
   k_blocks: int = 1   # K blocks of one unit (one K split)
   split_k: int = 1
   cluster_m: int = 1
-  cluster_n: int = 1
   static_passes = True
 
   @property
   def num_units(self) -> int:
-    return (pl.cdiv(self.m_tiles, self.cluster_m) * pl.cdiv(self.n_tiles, self.cluster_n)
-            * self.split_k)
+    return pl.cdiv(self.m_tiles, self.cluster_m) * self.n_units * self.split_k
 
   def tile(self, unit, cluster_index) -> Tile:
     per_split = self.num_units // self.split_k
     split, lin = lax.div(unit, i32(per_split)), lax.rem(unit, i32(per_split))
-    mi, ni = _snake(lin, pl.cdiv(self.m_tiles, self.cluster_m),
-                    pl.cdiv(self.n_tiles, self.cluster_n), self.grid_minor, self.group)
+    mi, ni = _snake(lin, pl.cdiv(self.m_tiles, self.cluster_m), self.n_units,
+                    self.grid_minor, self.group)
     # A cluster's CTAs stack vertically (cluster_m) or side by side (cluster_n);
     # a CTA past M or N loads zeros and its stores are dropped, but it must
     # still take part in the multicast.
     if self.cluster_m > 1:
       mi = mi * self.cluster_m + cluster_index
-    if self.cluster_n > 1:
-      ni = ni * self.cluster_n + cluster_index
+    ni = self.column_tile(ni, cluster_index)
     return Tile(m0=mi * self.tile_m, n0=ni * self.tile_n, a_group=i32(0), out_group=split,
                 k0=split * self.k_blocks, passes=i32(1), row_end=i32(self.m))
 
@@ -173,18 +182,16 @@ class MaskedScheduler(_Walk):
   groups: int = 1
   masked_m: Any = None
   cluster_m: int = 1
-  cluster_n: int = 1
   live_first: bool = False
 
   @property
   def num_units(self) -> int:
-    return (self.groups * pl.cdiv(self.m_tiles, self.cluster_m)
-            * pl.cdiv(self.n_tiles, self.cluster_n))
+    return self.groups * pl.cdiv(self.m_tiles, self.cluster_m) * self.n_units
 
   def _live_units(self):
     """Per group, its units (row tiles, or pairs, x column tiles) holding rows."""
     rows_per_unit = self.tile_m * self.cluster_m
-    n_units = pl.cdiv(self.n_tiles, self.cluster_n)
+    n_units = self.n_units
     return [lax.div(self.masked_m[g] + i32(rows_per_unit - 1), i32(rows_per_unit))
             * i32(n_units) for g in range(self.groups)]
 
@@ -196,7 +203,7 @@ class MaskedScheduler(_Walk):
     falls (the plain walk interleaves the empty tiles with the live ones, so
     that some CTAs draw a tile with rows more than others)."""
     m_units = pl.cdiv(self.m_tiles, self.cluster_m)
-    n_units = pl.cdiv(self.n_tiles, self.cluster_n)
+    n_units = self.n_units
     live = self._live_units()
     total_live = sum(live[1:], live[0])
     is_live = unit < total_live
@@ -223,15 +230,14 @@ class MaskedScheduler(_Walk):
 
   def tile(self, unit, cluster_index) -> Tile:
     m_units = pl.cdiv(self.m_tiles, self.cluster_m)
-    n_units = pl.cdiv(self.n_tiles, self.cluster_n)
+    n_units = self.n_units
     if self.live_first:
       g, pair, ni = self._live_first(unit)
     else:
       g, lin = lax.div(unit, i32(m_units * n_units)), lax.rem(unit, i32(m_units * n_units))
       pair, ni = _snake(lin, m_units, n_units, self.grid_minor, self.group)
     mi = pair * self.cluster_m + cluster_index if self.cluster_m > 1 else pair
-    if self.cluster_n > 1:
-      ni = ni * self.cluster_n + cluster_index
+    ni = self.column_tile(ni, cluster_index)
     rows = self.masked_m[g]
     m0 = mi * self.tile_m
     first_m0 = pair * (self.cluster_m * self.tile_m) if self.cluster_m > 1 else m0
@@ -272,17 +278,11 @@ class RaggedScheduler(_Walk):
   pieces: Any = None
   piece_counts: Any = None
   num_groups: int = 1
-  cluster_n: int = 1
   static_units = False
   # The loop made ptxas spill 460 bytes in 128 x 256 tiles, the branch none.
   # (The masked scheduler keeps the loop: with the branch its 128 x 256 decode
   # tiles ran 2.3x slower; RESULTS.md, 2026-11-26.)
   single_pass = True
-
-  @property
-  def n_units(self) -> int:
-    """Units along N: column tiles, or pairs of them."""
-    return pl.cdiv(self.n_tiles, self.cluster_n)
 
   @property
   def num_units(self) -> int:
@@ -309,9 +309,8 @@ class RaggedScheduler(_Walk):
                               self.group)
     zero = jnp.maximum(unit - pass_units, 0)
     piece = jnp.where(has_pass, p_snake, pass_pieces + lax.div(zero, i32(self.n_units)))
-    ni = jnp.where(has_pass, n_snake, lax.rem(zero, i32(self.n_units)))
-    if self.cluster_n > 1:
-      ni = ni * self.cluster_n + cluster_index
+    ni = self.column_tile(jnp.where(has_pass, n_snake, lax.rem(zero, i32(self.n_units))),
+                          cluster_index)
     row_tile, _, row_lo, row_hi = (self.pieces[piece, j] for j in range(4))
     return Tile(m0=row_tile * self.tile_m, n0=ni * self.tile_n, a_group=i32(0),
                 out_group=i32(0), k0=i32(0), passes=has_pass.astype(i32), row_end=row_hi,
