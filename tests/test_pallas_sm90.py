@@ -485,13 +485,20 @@ DEEPSEEK_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 
 GPU_TOL = {BF16: testing.TOLERANCE[BF16], F32: 2.5e-4}
 
 
+def _random_operands(keys, a_shape, sa_shape, b_shape, sb_shape):
+  """a, a_scale, b, b_scale made on the device from keys[:4] (fast there), the
+  scales spanning binades."""
+  a = (jax.random.normal(keys[0], a_shape) * 64).astype(FP8)
+  b = (jax.random.normal(keys[1], b_shape) * 64).astype(FP8)
+  sa = jnp.exp2(jax.random.uniform(keys[2], sa_shape, minval=-12.0, maxval=-4.0))
+  sb = jnp.exp2(jax.random.uniform(keys[3], sb_shape, minval=-12.0, maxval=-4.0))
+  return a, sa, b, sb
+
+
 def _gpu_operands(m, n, k, seed, with_c):
   keys = jax.random.split(jax.random.key(seed), 5)
   kb, nb = -(-k // 128), -(-n // 128)
-  a = (jax.random.normal(keys[0], (m, k)) * 64).astype(FP8)
-  b = (jax.random.normal(keys[1], (n, k)) * 64).astype(FP8)
-  sa = jnp.exp2(jax.random.uniform(keys[2], (m, kb), minval=-12.0, maxval=-4.0))
-  sb = jnp.exp2(jax.random.uniform(keys[3], (nb, kb), minval=-12.0, maxval=-4.0))
+  a, sa, b, sb = _random_operands(keys, (m, k), (m, kb), (n, k), (nb, kb))
   c = jax.random.normal(keys[4], (m, n)) if with_c else None
   return a, sa, b, sb, c
 
@@ -592,11 +599,9 @@ def test_gpu_masked_carried_descriptors_give_pallas_wgmma_bit_for_bit(g, cap, n,
   masked_m = rng.integers(0, cap + 1, size=g).astype(np.int32)
   fixed = (0, cap, 1)[:g] if g > 1 else (cap - 7,)    # (one group: a partial last tile)
   masked_m[:len(fixed)] = fixed
-  keys = jax.random.split(jax.random.key(g + n), 4)
-  a = (jax.random.normal(keys[0], avals[0].shape) * 64).astype(FP8)
-  b = (jax.random.normal(keys[1], avals[2].shape) * 64).astype(FP8)
-  sa = jnp.exp2(jax.random.uniform(keys[2], avals[1].shape, minval=-12.0, maxval=-4.0))
-  sb = jnp.exp2(jax.random.uniform(keys[3], avals[3].shape, minval=-12.0, maxval=-4.0))
+  a, sa, b, sb = _random_operands(jax.random.split(jax.random.key(g + n), 4),
+                                  avals[0].shape, avals[1].shape, avals[2].shape,
+                                  avals[3].shape)
   outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.masked_dot(
               *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, jnp.asarray(masked_m))
               .astype(jnp.float32))
@@ -617,12 +622,8 @@ def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
   assert (cfg.tile_m, cfg.tile_n, cfg.desc_carry) == (256, 128, True)
   narrow = dataclasses.replace(cfg, tile_m=128, tile_n=192, producer_registers=40,
                                wide_chunks=True, desc_carry=False)
-  keys = jax.random.split(jax.random.key(g), 4)
-  a = (jax.random.normal(keys[0], (m, k)) * 64).astype(FP8)
-  b = (jax.random.normal(keys[1], (g, n, k)) * 64).astype(FP8)
-  sa = jnp.exp2(jax.random.uniform(keys[2], (m, k // 128), minval=-12.0, maxval=-4.0))
-  sb = jnp.exp2(jax.random.uniform(keys[3], (g, n // 128, k // 128), minval=-12.0,
-                                   maxval=-4.0))
+  a, sa, b, sb = _random_operands(jax.random.split(jax.random.key(g), 4),
+                                  *(x.shape for x in _grouped_avals((), m, n, k, g)[:4]))
   gs = jnp.asarray(sizes, jnp.int32)
   outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.ragged_dot(
               *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, gs).astype(jnp.float32))
