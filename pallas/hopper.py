@@ -516,13 +516,14 @@ class _Warpgroup:
   def k_loop(self, inputs, step0, k_steps: int, k_step, carry):
     """carry = k_step(slot, ks, carry) over the pass's k_steps ring steps from
     step0, each inside its slot's wait and release. Dense passes carry the slot
-    index; grouped schedulers (a loop of K passes, or a branch, around this one)
-    take it from the step: with the slot carried, ptxas made the masked
-    4 x 256 7168x2048 kernel 2.9x slower, and with the scales in the ring the
-    ragged 8 x 4096 7168x2048 one 4x slower. (The staged pass below carries
-    it: measured faster on the ragged 128 x 192 tiles.)
+    index, and so do ragged ones with HopperConfig.carried_slot (the rules give
+    it to one chunk a warpgroup); other grouped passes (a loop of K passes, or a
+    branch, around this one) take it from the step: with the slot carried, ptxas
+    made the masked 4 x 256 7168x2048 kernel 2.9x slower, and the ragged ones of
+    two chunks a warpgroup 3.4-4.2x slower. (The staged pass below carries it:
+    measured faster on the ragged 128 x 192 tiles.)
 
-    With step_top_overlap a dense pass's k_step(slot, ks, carry, hook) calls
+    With step_top_overlap a carrying pass's k_step(slot, ks, carry, hook) calls
     hook() after its last WGMMA: the warpgroup tests the next slot's barrier
     there, without blocking, and waits at the next step's top only where the
     test failed (pallas/barrier_probe.py): the barrier's round trip overlaps
@@ -547,7 +548,8 @@ class _Warpgroup:
       slot = inputs.stage(step0 + first).index
       return lax.fori_loop(i32(0), count, strided_body, (carry, slot))[0]
 
-    if not self.prob.scheduler.static_passes:
+    sched = self.prob.scheduler
+    if not (sched.static_passes or (self.cfg.carried_slot and sched.single_pass)):
       def step_body(ks, state):
         carry, fields = state
         with inputs.consume(step0 + ks) as st:
@@ -556,10 +558,10 @@ class _Warpgroup:
       first = self.slot_fields(inputs.stage(step0).index) if carried else None
       return lax.fori_loop(i32(0), i32(k_steps), step_body, (carry, first))[0]
 
-    # A dense pass carries its slot; with step_top_overlap the non-blocking test of
-    # the next slot's barrier, made after the step's last WGMMA (`ready`); with
-    # desc_carry the next step's WGMMA descriptor fields (slot_fields), formed ahead
-    # of the back edge and the ring wait's branch (pallas/wgmma_desc.py).
+    # A dense (or carried_slot) pass carries its slot; with step_top_overlap the
+    # non-blocking test of the next slot's barrier, made after the step's last WGMMA
+    # (`ready`); with desc_carry the next step's WGMMA descriptor fields (slot_fields),
+    # formed ahead of the back edge and the ring wait's branch (pallas/wgmma_desc.py).
     overlap = self.cfg.step_top_overlap
 
     def body(ks, state):

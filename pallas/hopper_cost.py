@@ -552,6 +552,16 @@ def desc_carry_pays(cfg: HopperConfig, *, grouped: bool, masked: bool,
   return b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
 
 
+def carried_slot_pays(cfg: HopperConfig, *, grouped: bool, masked: bool) -> bool:
+  """Whether a ragged tiling's K loop carries its ring slot (HopperConfig.carried_slot):
+  where each consumer warpgroup holds one WGMMA chunk. Against the slot derived
+  from the step (H200 2026-11-28, random group sizes, outputs equal): 128 x 192
+  +0.8-1.4% (8-64 groups of ~512-2048 rows, 4096x7168), 128 x 128 split by rows
+  +2.4-2.8% (8 x ~256 rows at 4096x7168 and 7168x2048); with two chunks a
+  warpgroup (256 x 128, 128 x 256) ptxas made the loop 3.4-4.2x slower."""
+  return grouped and not masked and cfg.chunks_per_warpgroup() == 1
+
+
 def _deep_ring(cfg: HopperConfig, m: int) -> bool:
   """The 4-deep ring of 128 x 256 tiles at large M (past RING_BYTES), its scales
   from GMEM (with them in the ring it spilled and ran 4% slower than 3 stages)."""

@@ -104,8 +104,8 @@ def _fp8_mid_k_split(m: int, n: int, k: int, b_scale_rows: int,
 
 def _grouped_allows(cfg: HopperConfig) -> bool:
   """Grouped schedulers take no K splits and no clusters (masked ones can run
-  pairs of CTAs, no faster on our tiles, ragged ones pairs sharing A, not timed
-  yet: explicit configs only; RESULTS.md)."""
+  pairs of CTAs, ragged ones pairs sharing A, neither faster on our tiles:
+  explicit configs only; RESULTS.md)."""
   return cfg.split_k == 1 and cfg.cluster_m == cfg.cluster_n == 1
 
 
@@ -296,8 +296,10 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     stages = fields.get("stages", ring_stages(cfg) + deeper)
     # Ragged groups (row_masks) store cut tiles row-exactly: one more buffer.
     cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages, exact_rows=row_masks)
-    cfg = dataclasses.replace(cfg, desc_carry=hopper_cost.desc_carry_pays(
-        cfg, grouped=grouped, masked=masked, b_scale_rows=b_scale_rows))
+    cfg = dataclasses.replace(
+        cfg, desc_carry=hopper_cost.desc_carry_pays(cfg, grouped=grouped, masked=masked,
+                                                    b_scale_rows=b_scale_rows),
+        carried_slot=hopper_cost.carried_slot_pays(cfg, grouped=grouped, masked=masked))
     try:
       cfg.check()
     except ValueError:

@@ -211,6 +211,13 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
     ("sm90", dataclasses.replace(H_TMA_M, step_top_overlap=True), 300, [129, 127, 0, 1]),
     ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 200, [37, 0, 1, 100, 20]),
     ("sm90", H_RAGGED_WIDE, 600, [129, 300, 0, 1, 100]),       # groups inside 256-row tiles
+    # the ring slot carried through a piece's K loop, as in dense passes (the rules'
+    # ragged 128 x 192 and 128 x 128 tiles), the next slot's barrier tested ahead
+    ("sm90", dataclasses.replace(H_WIDE_CHUNK, tma_scales=True, step_top_overlap=True,
+                                 carried_slot=True), 300, [129, 127, 0, 1]),
+    ("sm90", dataclasses.replace(H_TMA_M, step_top_overlap=True, carried_slot=True), 600,
+     [129, 300, 0, 1, 100]),
+    ("sm90", dataclasses.replace(H_SMALL, carried_slot=True), 200, [37, 0, 1, 100, 20]),
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm90", H_SMALL, 2, [1, 0, 1]),                           # a-scales read one by one
     ("sm90", H_K_SPLIT, 200, [37, 0, 1, 100, 20]),             # K split among warpgroups

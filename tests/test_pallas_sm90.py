@@ -634,6 +634,28 @@ def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("sizes,n,k", [
+    ([1592, 2059, 2372, 1697, 1436, 2018, 1841, 1452, 2628, 1724, 2608, 2496, 2547, 2479,
+      1745, 2074], 4096, 7168),                                     # 128 x 192
+    ([264, 235, 262, 186, 319, 253, 300, 229], 7168, 2048),         # 128 x 128
+    ([0, 700, 1, 129, 5000], 4096, 7168)])
+def test_gpu_ragged_carried_slot_bit_for_bit(sizes, n, k):
+  """The ragged rules' tilings of one chunk a warpgroup carry their ring slot
+  (HopperConfig.carried_slot) and compute what they do without it, bit for bit."""
+  g, m = len(sizes), sum(sizes)
+  cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
+  assert cfg.carried_slot and cfg.chunks_per_warpgroup() == 1, cfg
+  a, sa, b, sb = _random_operands(jax.random.split(jax.random.key(g), 4),
+                                  *(x.shape for x in _grouped_avals((), m, n, k, g)[:4]))
+  gs = jnp.asarray(sizes, jnp.int32)
+  outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.ragged_dot(
+              *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, gs).astype(jnp.float32))
+          for config in (cfg, dataclasses.replace(cfg, carried_slot=False))]
+  assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
+  np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@requires_gpu(major=9)
 @pytest.mark.parametrize("m,n,k", [(2048, 2112, 7168), (1024, 18432, 7168), (2000, 2112, 7168)])
 def test_gpu_rows_first_below_4096_rows(m, n, k):
   """Dense GEMMs of 1024-4095 rows walk their tiles rows first (a partial last row

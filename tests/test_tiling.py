@@ -71,6 +71,8 @@ def _config(spec: str) -> hopper.HopperConfig:
       cfg["step_top_overlap"] = True
     elif f == "dc":
       cfg["desc_carry"] = True
+    elif f == "cs":
+      cfg["carried_slot"] = True
     elif f[0] == "o":
       cfg["grid_minor"] = f[1:]
     else:
@@ -781,6 +783,24 @@ def test_ragged_wide_tiles_where_measured():
   for m, n, k, g in ((32768, 4096, 7168, 16), (32768, 7168, 2048, 4), (32768, 2112, 7168, 4)):
     cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
     assert not wide(cfg) and not cfg.desc_carry, (m, n, k, g, cfg)
+
+
+def test_ragged_slot_carried_with_one_chunk_a_warpgroup():
+  """Ragged K loops carry their ring slot where each consumer warpgroup holds one
+  WGMMA chunk (H200 2026-11-28: 128 x 192 +0.8-1.4%, 128 x 128 +2.4-2.8%), not with
+  two (256 x 128, 128 x 256: 3.4-4.2x slower); dense loops carry it whatever the
+  field says, masked ones never take it."""
+  for g, rows, n, k in ((16, 2048, 4096, 7168), (64, 512, 4096, 7168), (8, 256, 4096, 7168),
+                        (8, 256, 7168, 2048)):
+    cfg = hopper_tiling.default_config(g * rows, n, k, groups=g, grouped=True, row_masks=True)
+    assert cfg.chunks_per_warpgroup() == 1 and cfg.carried_slot, (g, rows, n, k, cfg)
+  for g, rows, n, k in ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048)):
+    cfg = hopper_tiling.default_config(g * rows, n, k, groups=g, grouped=True, row_masks=True)
+    assert cfg.chunks_per_warpgroup() == 2 and not cfg.carried_slot, (g, rows, n, k, cfg)
+  assert not hopper_tiling.default_config(4096, 2112, 7168).carried_slot
+  for g, cap, n, k, expected in ((1, 1408, 4096, 7168, 1024), (4, 384, 7168, 2048, 256)):
+    assert not hopper_tiling.default_config(cap, n, k, groups=g, grouped=True,
+                                            expected_m=expected).carried_slot
 
 
 def test_masked_tiles_at_large_m():

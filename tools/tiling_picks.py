@@ -99,6 +99,7 @@ def spec(cfg) -> str:
   s += " tma" if getattr(cfg, "tma_scales", False) else ""
   s += " ov" if getattr(cfg, "step_top_overlap", False) else ""
   s += " dc" if getattr(cfg, "desc_carry", False) else ""
+  s += " cs" if getattr(cfg, "carried_slot", False) else ""
   return s + (" lf" if getattr(cfg, "live_first", False) else "")
 
 
