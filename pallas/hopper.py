@@ -516,12 +516,13 @@ class _Warpgroup:
   def k_loop(self, inputs, step0, k_steps: int, k_step, carry):
     """carry = k_step(slot, ks, carry) over the pass's k_steps ring steps from
     step0, each inside its slot's wait and release. Dense passes carry the slot
-    index, and so do ragged ones with HopperConfig.carried_slot (the rules give
-    it to one chunk a warpgroup); other grouped passes (a loop of K passes, or a
-    branch, around this one) take it from the step: with the slot carried, ptxas
-    made the masked 4 x 256 7168x2048 kernel 2.9x slower, and the ragged ones of
-    two chunks a warpgroup 3.4-4.2x slower. (The staged pass below carries it:
-    measured faster on the ragged 128 x 192 tiles.)
+    index, and so do grouped ones with HopperConfig.carried_slot (the rules give
+    it to ragged tilings of one chunk a warpgroup); other grouped passes (a loop
+    of K passes, or a branch, around this one) take it from the step: with the
+    slot carried, ptxas made the masked 4 x 256 7168x2048 kernel (then 128 x 256
+    tiles) 2.9x slower, and the ragged ones of two chunks a warpgroup 3.4-4.2x
+    slower. (The staged pass below carries it: measured faster on the ragged
+    128 x 192 tiles.)
 
     With step_top_overlap a carrying pass's k_step(slot, ks, carry, hook) calls
     hook() after its last WGMMA: the warpgroup tests the next slot's barrier
@@ -548,8 +549,7 @@ class _Warpgroup:
       slot = inputs.stage(step0 + first).index
       return lax.fori_loop(i32(0), count, strided_body, (carry, slot))[0]
 
-    sched = self.prob.scheduler
-    if not (sched.static_passes or (self.cfg.carried_slot and sched.single_pass)):
+    if not (self.prob.scheduler.static_passes or self.cfg.carried_slot):
       def step_body(ks, state):
         carry, fields = state
         with inputs.consume(step0 + ks) as st:

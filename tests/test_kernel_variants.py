@@ -241,6 +241,9 @@ def test_ragged(arch, cfg, m, sizes):
     ("sm90", dataclasses.replace(H_WIDE_160, a_scale_window=4), 130, [129, 1], BF16),
     ("sm90", dataclasses.replace(H_SMALL, k_step=2), 64, [64, 5, 200], F32),  # clamped to M
     ("sm90", H_TMA_M, 130, [129, 1], BF16),
+    # the ring slot carried through a unit's K loop (a loop of 0 or 1 passes)
+    ("sm90", dataclasses.replace(H_WIDE_CHUNK, carried_slot=True), 300, [0, 300, 129], BF16),
+    ("sm90", dataclasses.replace(H_THREE_M, carried_slot=True), 200, [200, 1, 0], F32),
     # pairs of CTAs sharing B (3 row tiles: a pair's second CTA runs past M, and past
     # masked_m where its first holds rows) or sharing A (one pair of column tiles)
     ("sm90", dataclasses.replace(H_SMALL, num_sms=4, cluster_m=2), 130, [0, 130, 37, 65], F32),
@@ -264,6 +267,8 @@ def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):
     # 128 x 160 tiles at all four offsets within b's 128-row blocks (680 columns)
     (dataclasses.replace(H_WIDE_160, live_first=True), 260, [129, 1, 260], BF16, 680),
     (dataclasses.replace(H_WIDE_CHUNK, live_first=True, num_sms=3), 260, [0, 200, 5], F32, 400),
+    (dataclasses.replace(H_WIDE_160, live_first=True, carried_slot=True), 260, [129, 1, 260],
+     BF16, 680),                                      # ... each unit's ring slot carried
     # pairs sharing B: a unit is a pair of row tiles, live if its first holds rows
     (dataclasses.replace(H_SPLIT_M, live_first=True, num_sms=3, cluster_m=2), 300,
      [0, 300, 37, 129], F32, 96),
