@@ -72,10 +72,10 @@ class HopperConfig:
   tiles evenly however masked_m falls.
   step_top_overlap (with tma_scales): a consumer's step top overlaps its
   tensor-core work: it reads a step's scales from the ring once the step's
-  first WGMMA is issued and, in dense K loops (not the grouped schedulers'),
-  tests the next slot's barrier without blocking after the step's last WGMMA
-  (before that chunk's promotion), so that the next step waits only where the
-  test failed (pallas/barrier_probe.py).
+  first WGMMA is issued and, in K loops carrying their slot (dense ones, and
+  grouped ones with carried_slot), tests the next slot's barrier without
+  blocking after the step's last WGMMA (before that chunk's promotion), so that
+  the next step waits only where the test failed (pallas/barrier_probe.py).
   desc_carry (K loops of one-block steps, no K split among warpgroups): the
   loop forms each step's WGMMA descriptor fields in the step before and
   carries them, so that a step's WGMMAs issue without forming them from the
