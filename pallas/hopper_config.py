@@ -81,10 +81,11 @@ class HopperConfig:
   carries them, so that a step's WGMMAs issue without forming them from the
   slot's SMEM address after its ring wait (pallas/wgmma_desc.py; GPU interpret
   mode runs Pallas's wgmma instead).
-  carried_slot (grouped schedulers' K loops; dense ones always carry it): a
-  unit's K loop carries its ring slot from step to step (and with
-  step_top_overlap tests the next slot's barrier ahead), as a dense pass does,
-  instead of deriving the slot from the pipeline step.
+  carried_slot (grouped schedulers' K loops; dense ones, K splits among the
+  warpgroups and staged a-scale windows always carry it): a unit's K loop
+  carries its ring slot from step to step (and with step_top_overlap tests the
+  next slot's barrier ahead), as a dense pass does, instead of deriving the
+  slot from the pipeline step.
   """
   tile_m: int = 128
   tile_n: int = 256
