@@ -269,6 +269,8 @@ def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):
     (dataclasses.replace(H_WIDE_CHUNK, live_first=True, num_sms=3), 260, [0, 200, 5], F32, 400),
     (dataclasses.replace(H_WIDE_160, live_first=True, carried_slot=True), 260, [129, 1, 260],
      BF16, 680),                                      # ... each unit's ring slot carried
+    (dataclasses.replace(H_WIDE_CHUNK, live_first=True, num_sms=3, tma_scales=True,
+                         step_top_overlap=True, carried_slot=True), 260, [0, 200, 5], F32, 400),
     # pairs sharing B: a unit is a pair of row tiles, live if its first holds rows
     (dataclasses.replace(H_SPLIT_M, live_first=True, num_sms=3, cluster_m=2), 300,
      [0, 300, 37, 129], F32, 96),
