@@ -610,6 +610,22 @@ def test_gpu_masked_carried_descriptors_give_pallas_wgmma_bit_for_bit(g, cap, n,
   np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def _assert_ragged_configs_agree(sizes, n, k, configs):
+  """Runs the ragged kernel at each config on the same random operands (groups of
+  `sizes` rows) and asserts the first output finite and not all zeros, and every
+  other bitwise equal to it."""
+  g, m = len(sizes), sum(sizes)
+  a, sa, b, sb = _random_operands(jax.random.split(jax.random.key(g), 4),
+                                  *(x.shape for x in _grouped_avals((), m, n, k, g)[:4]))
+  gs = jnp.asarray(sizes, jnp.int32)
+  outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.ragged_dot(
+              *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, gs).astype(jnp.float32))
+          for config in configs]
+  assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
+  for out in outs[1:]:
+    np.testing.assert_array_equal(out, outs[0])
+
+
 @requires_gpu(major=9)
 @pytest.mark.parametrize("sizes", [[8192] * 4, [8915, 6546, 10707, 6600], [0, 20000, 129, 12639]])
 def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
@@ -622,15 +638,7 @@ def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
   assert (cfg.tile_m, cfg.tile_n, cfg.desc_carry) == (256, 128, True)
   narrow = dataclasses.replace(cfg, tile_m=128, tile_n=192, producer_registers=40,
                                wide_chunks=True, desc_carry=False)
-  a, sa, b, sb = _random_operands(jax.random.split(jax.random.key(g), 4),
-                                  *(x.shape for x in _grouped_avals((), m, n, k, g)[:4]))
-  gs = jnp.asarray(sizes, jnp.int32)
-  outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.ragged_dot(
-              *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, gs).astype(jnp.float32))
-          for config in (narrow, cfg, dataclasses.replace(cfg, cluster_n=2))]
-  assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
-  for out in outs[1:]:
-    np.testing.assert_array_equal(out, outs[0])
+  _assert_ragged_configs_agree(sizes, n, k, (narrow, cfg, dataclasses.replace(cfg, cluster_n=2)))
 
 
 @requires_gpu(major=9)
@@ -645,14 +653,7 @@ def test_gpu_ragged_carried_slot_bit_for_bit(sizes, n, k):
   g, m = len(sizes), sum(sizes)
   cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
   assert cfg.carried_slot and cfg.chunks_per_warpgroup() == 1, cfg
-  a, sa, b, sb = _random_operands(jax.random.split(jax.random.key(g), 4),
-                                  *(x.shape for x in _grouped_avals((), m, n, k, g)[:4]))
-  gs = jnp.asarray(sizes, jnp.int32)
-  outs = [np.asarray(jax.jit(lambda *x, cfg=config: hopper.ragged_dot(
-              *x, out_dtype=BF16, config=cfg))(a, sa, b, sb, gs).astype(jnp.float32))
-          for config in (cfg, dataclasses.replace(cfg, carried_slot=False))]
-  assert np.isfinite(outs[0]).all() and np.any(outs[0] != 0)
-  np.testing.assert_array_equal(outs[0], outs[1])
+  _assert_ragged_configs_agree(sizes, n, k, (cfg, dataclasses.replace(cfg, carried_slot=False)))
 
 
 @requires_gpu(major=9)
