@@ -202,26 +202,6 @@ RAGGED_TILES = {(128, 192, "m", 2): 1.0, (192, 128, "m", 3): 0.92, (128, 128, "m
 RAGGED_SHORT_K_TILES = {(128, 256, "n", 2): 1.02, (192, 128, "m", 3): 1.0,
                         (128, 128, "m", 2): 0.94, (64, 128, "n", 2): 0.8}
 RAGGED_SHORT_K_BLOCKS = 16
-# Ragged groups of RAGGED_WIDE_MIN_ROWS rows or more on average, over long K loops:
-# 256 x 128 tiles split by rows (each warpgroup two 64 x 128 chunks, the scales in
-# the ring) with carried descriptors (desc_carry), against the 128 x 192 tiles at
-# N x K = 4096 x 7168: 1.021 / 1.023 with 4 / 8 aligned groups of 8192 / 4096 rows,
-# 1.035 / 1.002 / 1.012 with 4 / 8 / 2 groups of random sizes summing to 32768;
-# 0.996 with 16; at K = 2048 0.96-0.99x the 128 x 256 tiles; without the carried
-# descriptors 0.91-0.95x (H200 2026-11-28). Narrower N is not measured. The cost
-# model's units count no group boundaries, so the rule stands beside it
-# (hopper_tiling._ranked).
-RAGGED_WIDE_TILE = (256, 128, "m", 2)
-RAGGED_WIDE_MIN_ROWS = 4096
-RAGGED_WIDE_MIN_N = 4096
-
-
-def ragged_wide_tiles_pay(m: int, n: int, k: int, groups: int) -> bool:
-  """Whether ragged groups (M rows in `groups` groups) take RAGGED_WIDE_TILE."""
-  return (_cdiv(k, K_BLOCK) > RAGGED_SHORT_K_BLOCKS and n >= RAGGED_WIDE_MIN_N
-          and m >= RAGGED_WIDE_MIN_ROWS * groups)
-
-
 # Masked groups at large M: a loop of K passes around the K loop too, so tiles of
 # one 64-row chunk row per warpgroup (128 x 256 and 256 x 128 ran 2.8-4x slower
 # at K=7168). The ragged efficiencies do not carry over; these are the tiles'
@@ -532,9 +512,13 @@ DESC_CARRY_TILES = ((128, 192, "m", 2), (128, 160, "m", 2), (256, 128, "m", 2))
 # Masked grouped tilings that carry them, every one measured (H200 2026-11-28, over
 # random fills): 128 x 160 +2.0% (2 x 512 4096x7168), the decode 128 x 256 split by
 # columns +1.9% (32 x 64), 192 x 128 of three consumers +0.5% (1 x 1024), 128 x 192
-# +0.2% (4 x 256 7168x2048). Contiguous (ragged) groups keep Pallas's wgmma but in
-# RAGGED_WIDE_TILE: 128 x 192 -0.7% (4 x 8192 4096x7168), 128 x 256 +0.6% (8 x 4096
-# 7168x2048).
+# +0.2% (4 x 256 7168x2048). Contiguous (ragged) groups carry them where their loop
+# carries its ring slot (carried_slot_pays): 128 x 192 +0.9-1.0% at 16 x ~2048 and
+# 64 x ~512 4096x7168, 128 x 128 +0.7-0.8% at 8 x ~256 4096x7168 and 7168x2048
+# (without the slot carried 128 x 192 ran -0.7% at 4 x 8192). So carried, 128 x 192
+# tiles run 1.00-1.025x the 256 x 128 tiles (two chunks a warpgroup, carrying their
+# descriptors) at 2-8 groups of 32768 rows, aligned and not (H200 2026-11-28),
+# which a rule had taken ahead of the model there before.
 MASKED_DESC_CARRY_TILES = ((128, 160, "m", 2), (128, 256, "n", 2), (192, 128, "m", 3),
                            (128, 192, "m", 2))
 
@@ -542,13 +526,13 @@ MASKED_DESC_CARRY_TILES = ((128, 160, "m", 2), (128, 256, "n", 2), (192, 128, "m
 def desc_carry_pays(cfg: HopperConfig, *, grouped: bool, masked: bool,
                     b_scale_rows: int) -> bool:
   """Whether a tiling's K loop carries its WGMMA descriptors (DESC_CARRY_TILES,
-  MASKED_DESC_CARRY_TILES, RAGGED_WIDE_TILE)."""
+  MASKED_DESC_CARRY_TILES, ragged loops carrying their slot)."""
   if not cfg.can_carry_descriptors():
     return False
   if masked:
     return tile_key(cfg) in MASKED_DESC_CARRY_TILES
   if grouped:
-    return tile_key(cfg) == RAGGED_WIDE_TILE
+    return carried_slot_pays(cfg, grouped=grouped, masked=masked)
   return b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
 
 

@@ -168,12 +168,10 @@ def _order_and_scales(m: int, tile=None) -> dict:
   return dict(grid_minor="n" if along_n else "m", scale_product=m > hopper_cost.DECODE_MAX_M)
 
 
-def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool,
-           ragged_wide: bool = False):
+def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
   """(tile, fields, deeper) of every candidate form of a problem before it is
   completed: HopperConfig fields, and the ring's stages past ring_stages (where
-  the fields do not give them). ragged_wide: ragged groups that take
-  hopper_cost.RAGGED_WIDE_TILE."""
+  the fields do not give them)."""
   k_blocks = pl.cdiv(k, K_BLOCK)
   if m <= hopper_cost.DECODE_MAX_M:
     tiles = [t for t in (*hopper_cost.DECODE_TILES, *_EXPLORED_DECODE_TILES)
@@ -229,8 +227,6 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool,
         yield t, dict(base(t), cluster_m=cluster_m), 1      # 128 x 256: the deep ring
       if t in hopper_cost.SHORT_K_CHAINED_TILES and 2 <= k_blocks <= hopper_cost.SHORT_K_MAX_BLOCKS:
         yield t, dict(base(t), stages=k_blocks), 0          # the whole K loop
-    if ragged_wide:
-      yield hopper_cost.RAGGED_WIDE_TILE, dict(base(None)), 0
 
 
 def candidate_configs(m: int, n: int, k: int, *, out_dtype=jnp.bfloat16, c_dtype=None,
@@ -269,9 +265,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
   masked = _is_masked(grouped, row_masks)
   sparse = hopper_cost.sparse_fill(m, expected_m, groups)
   m = hopper_cost.masked_capacity(m, expected_m, groups)
-  ragged_wide = row_masks and hopper_cost.ragged_wide_tiles_pay(m, n, k, groups)
   for key, fields, deeper in _forms(m, k, b_scale_rows=b_scale_rows, row_masks=row_masks,
-                                    masked=masked, ragged_wide=ragged_wide):
+                                    masked=masked):
     tm, tn, split, consumers = key
     large_m_wide = key in hopper_cost.WIDE_TILES
     fields = dict(fields)
@@ -310,9 +305,6 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
   # Ragged groups (row_masks) are one GEMM to the model: its units count no groups.
   ranked = sorted(out, key=_estimate(m, n, k, 1 if row_masks else groups, b_scale_rows,
                                      row_masks, masked, num_sms, expected_m))
-  if ragged_wide:
-    # Measured ahead of the model's pick (hopper_cost.RAGGED_WIDE_TILE), unmodelled.
-    ranked.sort(key=lambda cfg: hopper_cost.tile_key(cfg) != hopper_cost.RAGGED_WIDE_TILE)
   return tuple(ranked)
 
 

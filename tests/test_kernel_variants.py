@@ -51,9 +51,9 @@ H_WIDE_160 = hopper.HopperConfig(tile_m=128, tile_n=160, wg_split="m", stages=2,
 # b scales too; the warpgroups one above the other, or side by side.
 H_TMA_M = dataclasses.replace(H_SPLIT_M, tma_scales=True)
 H_TMA_N = dataclasses.replace(H_SPLIT_N, tma_scales=True)
-# Ragged groups of many rows over long K loops: 256 x 128 tiles split by rows (two
-# 64 x 128 chunks a warpgroup), scales in the ring, descriptors carried (on the GPU;
-# interpret mode runs Pallas's wgmma: tests/test_pallas_sm90.py compares the two).
+# Ragged groups in 256 x 128 tiles split by rows (two 64 x 128 chunks a warpgroup; an
+# explicit config), scales in the ring, descriptors carried (on the GPU; interpret
+# mode runs Pallas's wgmma: tests/test_pallas_sm90.py compares the two).
 H_RAGGED_WIDE = hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m", stages=2, num_sms=2,
                                     producer_registers=72, tma_scales=True,
                                     step_top_overlap=True, desc_carry=True)
@@ -512,7 +512,7 @@ def test_variants_lower_for_cuda(arch):
     pairs = dataclasses.replace(hopper_tiling.default_config(100, n, k, groups=g, grouped=True),
                                 cluster_m=2)
     _lower(lambda *xs: mod.masked_dot(*xs, out_dtype=BF16, config=pairs), *masked)
-    # ragged pieces in pairs sharing A, in the rules' 256 x 128 tiles (N = 2112: 17
+    # ragged pieces in pairs sharing A, in 256 x 128 tiles (N = 2112: 17
     # column tiles, the last pair's second past N)
     pairs = dataclasses.replace(H_RAGGED_WIDE, num_sms=None, stages=3, cluster_n=2)
     _lower(lambda *xs: mod.ragged_dot(*xs, out_dtype=BF16, config=pairs), *grouped)

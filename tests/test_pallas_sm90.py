@@ -359,13 +359,17 @@ def test_masked_carried_descriptors_are_not_formed_from_slot_addresses(g, cap, n
   _assert_every_wgmma_carried(functools.partial(hopper.masked_dot, out_dtype=BF16), avals, cfg)
 
 
-def test_ragged_wide_tiles_carry_their_descriptors():
-  """The ragged rules' 256 x 128 tiles (hopper_cost.RAGGED_WIDE_TILE)."""
+def test_ragged_loops_carry_their_descriptors():
+  """The ragged rules' 128 x 192 tiles (their ring slot carried too) and 256 x 128
+  tiles of two chunks a warpgroup (an explicit config)."""
   g, m, n, k = 4, 32768, 4096, 7168
   cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
-  assert (cfg.tile_m, cfg.tile_n) == (256, 128)
-  _assert_every_wgmma_carried(functools.partial(hopper.ragged_dot, out_dtype=BF16),
-                              _grouped_avals((), m, n, k, g), cfg)
+  assert (cfg.tile_m, cfg.tile_n, cfg.carried_slot) == (128, 192, True)
+  wide = dataclasses.replace(cfg, tile_m=256, tile_n=128, producer_registers=72,
+                             wide_chunks=False, carried_slot=False)
+  for config in (cfg, wide):
+    _assert_every_wgmma_carried(functools.partial(hopper.ragged_dot, out_dtype=BF16),
+                                _grouped_avals((), m, n, k, g), config)
 
 
 @pytest.mark.parametrize("power_of_two", [False, True])
@@ -629,16 +633,16 @@ def _assert_ragged_configs_agree(sizes, n, k, configs):
 @requires_gpu(major=9)
 @pytest.mark.parametrize("sizes", [[8192] * 4, [8915, 6546, 10707, 6600], [0, 20000, 129, 12639]])
 def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
-  """The ragged rules' 256 x 128 tiles carrying their descriptors, alone and in
-  pairs sharing A (cluster_n=2, an explicit config), compute what the 128 x 192
-  tiles do, bit for bit (the same block order), groups aligned or not (the
-  contract at them: tests/test_grouped_kernels.py's benchmark shapes)."""
+  """256 x 128 tiles carrying their descriptors (explicit configs), alone and in
+  pairs sharing A (cluster_n=2), compute what the rules' 128 x 192 tiles do, bit
+  for bit (the same block order), groups aligned or not (the contract at the
+  rules' tiles: tests/test_grouped_kernels.py's benchmark shapes)."""
   g, m, n, k = len(sizes), sum(sizes), 4096, 7168
   cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
-  assert (cfg.tile_m, cfg.tile_n, cfg.desc_carry) == (256, 128, True)
-  narrow = dataclasses.replace(cfg, tile_m=128, tile_n=192, producer_registers=40,
-                               wide_chunks=True, desc_carry=False)
-  _assert_ragged_configs_agree(sizes, n, k, (narrow, cfg, dataclasses.replace(cfg, cluster_n=2)))
+  assert (cfg.tile_m, cfg.tile_n, cfg.carried_slot, cfg.desc_carry) == (128, 192, True, True)
+  wide = dataclasses.replace(cfg, tile_m=256, tile_n=128, producer_registers=72,
+                             wide_chunks=False, carried_slot=False)
+  _assert_ragged_configs_agree(sizes, n, k, (cfg, wide, dataclasses.replace(wide, cluster_n=2)))
 
 
 @requires_gpu(major=9)
@@ -649,11 +653,14 @@ def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
     ([0, 700, 1, 129, 5000], 4096, 7168)])
 def test_gpu_ragged_carried_slot_bit_for_bit(sizes, n, k):
   """The ragged rules' tilings of one chunk a warpgroup carry their ring slot
-  (HopperConfig.carried_slot) and compute what they do without it, bit for bit."""
+  (HopperConfig.carried_slot) and their WGMMA descriptors (desc_carry), and compute
+  what they do without either, bit for bit."""
   g, m = len(sizes), sum(sizes)
   cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
-  assert cfg.carried_slot and cfg.chunks_per_warpgroup() == 1, cfg
-  _assert_ragged_configs_agree(sizes, n, k, (cfg, dataclasses.replace(cfg, carried_slot=False)))
+  assert cfg.carried_slot and cfg.desc_carry and cfg.chunks_per_warpgroup() == 1, cfg
+  plain = dataclasses.replace(cfg, carried_slot=False, desc_carry=False)
+  _assert_ragged_configs_agree(sizes, n, k, (cfg, dataclasses.replace(cfg, desc_carry=False),
+                                             plain))
 
 
 @requires_gpu(major=9)

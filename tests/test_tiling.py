@@ -145,9 +145,11 @@ FROZEN_PICKS = [
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1142 -> 1197 TFLOP/s at bf16);
-    # the scales read once the first WGMMA is issued since 2026-11-27 (+0.3-1.0%)
-    (32768, 4096, 7168, 'ragged', {'256x128m2 s3 e64 on p72 tma ov dc': 'bf16',
-                                   '256x128m2 s3 e32 on p72 tma ov dc': 'f32'}),
+    # the scales read once the first WGMMA is issued since 2026-11-27 (+0.3-1.0%); the
+    # ring slot and the WGMMA descriptors carried since 2026-11-28 ~17:30 (H200: 1.00-1.025x
+    # the 256 x 128 tiles a rule took from ~14:48)
+    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide tma ov dc cs': 'bf16',
+                                   '128x192m2 s3 e32 on wide tma ov dc cs': 'f32'}),
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
     # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M; 128 x 160
     # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100)
@@ -219,11 +221,6 @@ def _shapes():
       yield m, n, k, kw
 
 
-def _ragged_wide(m, n, k, kw) -> bool:
-  return kw.get("row_masks", False) and hopper_cost.ragged_wide_tiles_pay(
-      m, n, k, kw.get("groups", 1))
-
-
 def test_default_is_the_cheapest_candidate():
   for m, n, k, kw in _shapes():
     def estimate(cfg):
@@ -234,9 +231,6 @@ def test_default_is_the_cheapest_candidate():
     cands = hopper_tiling.candidate_configs(m, n, k, **kw)
     default = hopper_tiling.default_config(m, n, k, **kw)
     assert default in cands and cands[0] == default, (m, n, k, kw)
-    if _ragged_wide(m, n, k, kw):  # the measured rule ahead of the model (unmodelled)
-      assert hopper_cost.tile_key(default) == hopper_cost.RAGGED_WIDE_TILE, (m, n, k, kw)
-      cands = cands[1:]
     cost = [estimate(c) for c in cands]
     assert cands[0] == min(cands, key=estimate)
     assert cost == sorted(cost) and math.isfinite(cost[0]), (m, n, k, kw)
@@ -268,8 +262,7 @@ def test_candidates_build_fit_and_say_why_unmodelled():
         # Per-row b scales and ragged groups: only the tiles of their own tables.
         table = hopper_cost.large_m_tiles(k, b_scale_rows=kw.get("b_scale_rows", 128),
                                           row_masks=kw.get("row_masks", False))
-        wide = _ragged_wide(m, n, k, kw) and cfg == cands[0]
-        assert hopper_cost.tile_key(cfg) in table or wide, (m, n, k, kw, cfg)
+        assert hopper_cost.tile_key(cfg) in table, (m, n, k, kw, cfg)
 
 
 def test_autotuning_keeps_the_forms_it_tried():
@@ -708,7 +701,9 @@ def test_descriptors_carried_where_measured():
   (HopperConfig.desc_carry) in the tilings where that was measured faster (H200
   2026-11-28: 128 x 192 +2.2%, 128 x 160 +1.2-1.7%, 256 x 128 pairs +1.1%), not in
   128 x 256 tiles split by columns (-1.5%), decode tiles of two-block steps, per-row
-  b scales or contiguous groups; masked groups in the four tilings measured (+0.2-2.0%)."""
+  b scales or ragged groups of two chunks a warpgroup but 256 x 128; masked groups in
+  the four tilings measured (+0.2-2.0%); ragged loops carrying their slot
+  (test_ragged_slot_carried_with_one_chunk_a_warpgroup)."""
   for m, n, k in ((4096, 2112, 7168), (1280, 4096, 7168), (2048, 2112, 7168),
                   (4096, 4096, 7168), (1024, 4096, 7168)):
     assert hopper_tiling.default_config(m, n, k).desc_carry, (m, n, k)
@@ -716,7 +711,7 @@ def test_descriptors_carried_where_measured():
     assert not hopper_tiling.default_config(m, n, k).desc_carry, (m, n, k)
   assert not hopper_tiling.default_config(7168, 18432, 4096, out_dtype=jnp.float32,
                                           b_scale_rows=1).desc_carry
-  assert not hopper_tiling.default_config(8192, 2112, 7168, grouped=True,
+  assert not hopper_tiling.default_config(32768, 7168, 2048, groups=8, grouped=True,
                                           row_masks=True).desc_carry
   # masked groups: every measured tiling (192 x 128, 128 x 160, 128 x 192, decode 128 x 256)
   for g, cap, n, k, expected in ((1, 1408, 4096, 7168, 1024), (2, 768, 4096, 7168, 512),
@@ -747,11 +742,9 @@ def test_ragged_two_chunk_tiles():
   """A ragged unit runs at most one K pass behind a branch (a loop of 0 or 1
   passes made ptxas spill 128 x 256 tiles): 128 x 256 split by columns is a
   candidate over short K loops, where it measured fastest; warpgroups of two
-  chunk rows only in 256 x 128 tiles carrying their descriptors, where groups
-  average >= RAGGED_WIDE_MIN_ROWS rows over long K loops at N >= RAGGED_WIDE_MIN_N
-  (without the carried descriptors 0.91-0.95x); 128 x 256 split by rows never."""
+  chunk rows never (256 x 128 tiles carrying their descriptors ran 0.975-1.00x the
+  128 x 192 tiles carrying slot and descriptors at 2-8 groups of 32768 rows)."""
   assert scheduler.RaggedScheduler.single_pass
-  wide_seen = set()
   for m, n, k, g in itertools.product((256, 4096, 8192, 32768), (576, 2112, 4096, 7168),
                                       (512, 2048, 7168), (1, 8)):
     for cfg in hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True,
@@ -759,42 +752,28 @@ def test_ragged_two_chunk_tiles():
       wm, wn = cfg.wg_tile()
       chunks = (wm // 64) * (wn // cfg.chunk()[1])
       two_chunks = (cfg.tile_m, cfg.tile_n, cfg.wg_split) == (128, 256, "n")
-      wide = hopper_cost.tile_key(cfg) == hopper_cost.RAGGED_WIDE_TILE
-      if wide:
-        assert cfg.desc_carry and k > 128 * hopper_cost.RAGGED_SHORT_K_BLOCKS
-        assert m >= 4096 * g and n >= 4096, (m, n, k, g)
-        wide_seen.add((m, n, k, g))
-      assert chunks == 1 or wide or (
+      assert chunks == 1 or (
           two_chunks and k <= 128 * hopper_cost.RAGGED_SHORT_K_BLOCKS), (m, n, k, cfg)
-  assert (32768, 4096, 7168, 8) in wide_seen and (32768, 7168, 7168, 1) in wide_seen
-
-
-def test_ragged_wide_tiles_where_measured():
-  """Ragged groups of >= 4096 rows on average over long K loops at N = 4096 take 256 x
-  128 tiles carrying their descriptors (H200 2026-11-28: 1.002-1.035x the 128 x 192
-  tiles at 2-8 groups summing to 32768, aligned and not); 16 groups of ~2048 rows
-  (0.996x), K = 2048 (0.96-0.99x) and narrower N keep the model's pick. The rule
-  needs the public op's group count (pallas/sm90.ragged_dot passes b's)."""
-  wide = lambda cfg: hopper_cost.tile_key(cfg) == hopper_cost.RAGGED_WIDE_TILE
-  for g in (2, 4, 8):
-    cfg = hopper_tiling.default_config(32768, 4096, 7168, groups=g, grouped=True,
-                                       row_masks=True)
-    assert wide(cfg) and cfg.desc_carry and cfg.tma_scales and cfg.stages == 3, (g, cfg)
-  for m, n, k, g in ((32768, 4096, 7168, 16), (32768, 7168, 2048, 4), (32768, 2112, 7168, 4)):
-    cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
-    assert not wide(cfg) and not cfg.desc_carry, (m, n, k, g, cfg)
 
 
 def test_ragged_slot_carried_with_one_chunk_a_warpgroup():
   """Ragged K loops carry their ring slot where each consumer warpgroup holds one
-  WGMMA chunk (H200 2026-11-28: 128 x 192 +0.8-1.4%, 128 x 128 +2.4-2.8%), not with
-  two (256 x 128, 128 x 256: 3.4-4.2x slower); dense loops carry it whatever the
-  field says, masked ones never take it."""
+  WGMMA chunk (H200 2026-11-28: 128 x 192 +0.8-1.4%, 128 x 128 +2.4-2.8%), and
+  their WGMMA descriptors with it (+0.7-1.0% more), not with two (256 x 128,
+  128 x 256: 3.4-4.2x slower); dense loops carry it whatever the field says, masked
+  ones never take it. Groups of many rows at 4096 x 7168 take these 128 x 192 tiles
+  too (1.00-1.025x the 256 x 128 tiles a rule took there before); at K = 2048 the
+  128 x 256 tiles split by columns stay (128 x 192 carrying both ran 0.98x)."""
   for g, rows, n, k in ((16, 2048, 4096, 7168), (64, 512, 4096, 7168), (8, 256, 4096, 7168),
-                        (8, 256, 7168, 2048)):
+                        (8, 256, 7168, 2048), (1, 8192, 2112, 7168), (2, 16384, 4096, 7168),
+                        (4, 8192, 4096, 7168), (8, 4096, 4096, 7168)):
     cfg = hopper_tiling.default_config(g * rows, n, k, groups=g, grouped=True, row_masks=True)
-    assert cfg.chunks_per_warpgroup() == 1 and cfg.carried_slot, (g, rows, n, k, cfg)
-  for g, rows, n, k in ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048)):
+    assert cfg.chunks_per_warpgroup() == 1 and cfg.carried_slot and cfg.desc_carry, (
+        g, rows, n, k, cfg)
+  for g in (2, 4, 8):
+    cfg = hopper_tiling.default_config(32768, 4096, 7168, groups=g, grouped=True, row_masks=True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.wg_split) == (128, 192, "m"), (g, cfg)
+  for g, rows, n, k in ((4, 8192, 7168, 2048), (16, 2048, 7168, 2048)):
     cfg = hopper_tiling.default_config(g * rows, n, k, groups=g, grouped=True, row_masks=True)
     assert cfg.chunks_per_warpgroup() == 2 and not cfg.carried_slot, (g, rows, n, k, cfg)
   assert not hopper_tiling.default_config(4096, 2112, 7168).carried_slot
