@@ -233,6 +233,14 @@ MASKED_LIVE_FIRST_MAX_GROUPS = 16
 # 2026-11-26). Ragged groups (their row-exact stores take more SMEM; not measured)
 # keep RING_BYTES.
 DEEPER_RING_TILES = ((128, 192, "m", 2),)
+# ... and these in dense GEMMs over long K loops only, with their efficiency there
+# (LARGE_M_TILES has the shallower ring's): 192 x 128 tiles of three consumer
+# warpgroups (each promotion behind two other warpgroups' WGMMAs) in 4 stages with
+# carried descriptors ran 1.009-1.026x the 128 x 192 picks at 4096 / 8192 x 2112 x
+# 7168 (same waves; bf16 and float32 out), in 3 stages 0.95-0.97x (H200 2026-11-28);
+# masked 1 x 1024 in 4 stages 0.95x. Shorter K loops are not measured.
+DENSE_DEEPER_RING_TILES = {(192, 128, "m", 3): 0.99}
+DENSE_DEEPER_RING_MIN_K_BLOCKS = 32
 # The masked GEMMs' row counts (masked_m) are known on the device only: their
 # estimate averages over MASKED_DRAWS fills, each group's rows spread evenly
 # over half its capacity M to all of it, independently of the other groups'
@@ -508,6 +516,9 @@ def step_top_overlap_pays(tile: tuple[int, int], tma_scales: bool, *, grouped: b
 # pairs sharing A +1.1% at 4096x4096x7168); not 128 x 256 split by columns (-1.1 to
 # -1.5% at 4096x7168x2048) nor 128 x 128 (-0.3% at 2000x7168x2048) (H200 2026-11-28).
 # Per-row b scales (the weight gradient's 128 x 128: +0.3-0.4%) keep Pallas's wgmma.
+# The 192 x 128 tiles of three consumers carry them where they take the deeper ring
+# (DENSE_DEEPER_RING_TILES; in 3 stages +1.0-1.1% at 4096 x 2112 / 4096 x 7168, in the
+# short-K chained form 1.000 at 4096x32768x512).
 DESC_CARRY_TILES = ((128, 192, "m", 2), (128, 160, "m", 2), (256, 128, "m", 2))
 # Masked grouped tilings that carry them, every one measured (H200 2026-11-28, over
 # random fills): 128 x 160 +2.0% (2 x 512 4096x7168), the decode 128 x 256 split by
@@ -523,16 +534,20 @@ MASKED_DESC_CARRY_TILES = ((128, 160, "m", 2), (128, 256, "n", 2), (192, 128, "m
                            (128, 192, "m", 2))
 
 
-def desc_carry_pays(cfg: HopperConfig, *, grouped: bool, masked: bool,
+def desc_carry_pays(cfg: HopperConfig, m: int, k: int, *, grouped: bool, masked: bool,
                     b_scale_rows: int) -> bool:
   """Whether a tiling's K loop carries its WGMMA descriptors (DESC_CARRY_TILES,
-  MASKED_DESC_CARRY_TILES, ragged loops carrying their slot)."""
+  dense DENSE_DEEPER_RING_TILES in their deeper ring, MASKED_DESC_CARRY_TILES,
+  ragged loops carrying their slot)."""
   if not cfg.can_carry_descriptors():
     return False
   if masked:
     return tile_key(cfg) in MASKED_DESC_CARRY_TILES
   if grouped:
     return carried_slot_pays(cfg, grouped=grouped, masked=masked)
+  if tile_key(cfg) in DENSE_DEEPER_RING_TILES:
+    return deeper_ring(cfg) and takes_deeper_ring(tile_key(cfg), m, k, row_masks=False,
+                                                  b_scale_rows=b_scale_rows, masked=False)
   return b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
 
 
@@ -559,15 +574,23 @@ def _per_row_deep_ring(cfg: HopperConfig, per_row_b: bool) -> bool:
           and cfg.stages == _PER_ROW_RING_STAGES)
 
 
-def takes_deeper_ring(tile: tuple, *, row_masks: bool, b_scale_rows: int) -> bool:
+def takes_deeper_ring(tile: tuple, m: int, k: int, *, row_masks: bool, b_scale_rows: int,
+                      masked: bool) -> bool:
   """Whether a large-M tile (tile_key) of a problem runs only with the ring one
-  stage past RING_BYTES (DEEPER_RING_TILES: dense and masked 128x128-scaled GEMMs)."""
-  return tile in DEEPER_RING_TILES and not row_masks and b_scale_rows == SCALE_N
+  stage past RING_BYTES (DEEPER_RING_TILES: dense and masked 128x128-scaled GEMMs;
+  DENSE_DEEPER_RING_TILES: dense ones over long K loops whose ring brings the
+  scales, as measured)."""
+  deeper = tile in DEEPER_RING_TILES or (
+      tile in DENSE_DEEPER_RING_TILES and not masked and m >= TMA_SCALES_MIN_M
+      and _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS)
+  return deeper and not row_masks and b_scale_rows == SCALE_N
 
 
 def deeper_ring(cfg: HopperConfig) -> bool:
-  """A tile of DEEPER_RING_TILES with its ring one stage deeper."""
-  return tile_key(cfg) in DEEPER_RING_TILES and cfg.stages == ring_stages(cfg) + 1
+  """A tile of DEEPER_RING_TILES or DENSE_DEEPER_RING_TILES with its ring one
+  stage deeper (the callers tell dense from masked)."""
+  return ((tile_key(cfg) in DEEPER_RING_TILES or tile_key(cfg) in DENSE_DEEPER_RING_TILES)
+          and cfg.stages == ring_stages(cfg) + 1)
 
 
 def _short_k(cfg: HopperConfig, m: int, k: int) -> bool:
@@ -625,8 +648,10 @@ def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
     return "two-block steps of a tile with a one-block ring < 4 stages (measured: starves)"
   if _past_ring_bytes(cfg) and not (_deep_ring(cfg, m) or _short_k(cfg, m, k)
                                     or _per_row_deep_ring(cfg, b_scale_rows == 1)
-                                    or (takes_deeper_ring(tile_key(cfg), row_masks=row_masks,
-                                                          b_scale_rows=b_scale_rows)
+                                    or (takes_deeper_ring(tile_key(cfg), m, k,
+                                                          row_masks=row_masks,
+                                                          b_scale_rows=b_scale_rows,
+                                                          masked=masked)
                                         and deeper_ring(cfg))):
     return "a ring past RING_BYTES (measured slower)"
   if decode and m > 64 and cfg.tile_m == 64 and cfg.consumers == 3 and not one_wave:
@@ -685,6 +710,10 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
     efficiency = MID_M_ONE_WAVE_64X128
   elif scaled_ring_tile(cfg, m, k, table):
     efficiency = SCALED_RING_TILES[tile_key(cfg)]
+  elif (table is LARGE_M_TILES and tile_key(cfg) in DENSE_DEEPER_RING_TILES and deeper_ring(cfg)
+        and takes_deeper_ring(tile_key(cfg), m, k, row_masks=False, b_scale_rows=SCALE_N,
+                              masked=False)):
+    efficiency = DENSE_DEEPER_RING_TILES[tile_key(cfg)]
   else:
     efficiency = (PAIRED_LARGE_M_TILES if paired else table)[tile_key(cfg)]
   block_us = area / efficiency * _TILE_BLOCK_US

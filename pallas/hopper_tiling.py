@@ -218,7 +218,8 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
         for t in hopper_cost.SCALED_RING_TILES:  # the scales in the ring below its M
           yield t, dict(base(t), tma_scales=True), 0
     for t in tiles:
-      if hopper_cost.takes_deeper_ring(t, row_masks=row_masks, b_scale_rows=b_scale_rows):
+      if hopper_cost.takes_deeper_ring(t, m, k, row_masks=row_masks,
+                                       b_scale_rows=b_scale_rows, masked=masked):
         for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
           yield t, dict(base(t), cluster_m=cluster_m), 1
         continue
@@ -292,7 +293,7 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     # Ragged groups (row_masks) store cut tiles row-exactly: one more buffer.
     cfg = _fit_stages(cfg, out_dtype, c_dtype, max_stages=stages, exact_rows=row_masks)
     cfg = dataclasses.replace(
-        cfg, desc_carry=hopper_cost.desc_carry_pays(cfg, grouped=grouped, masked=masked,
+        cfg, desc_carry=hopper_cost.desc_carry_pays(cfg, m, k, grouped=grouped, masked=masked,
                                                     b_scale_rows=b_scale_rows),
         carried_slot=hopper_cost.carried_slot_pays(cfg, grouped=grouped, masked=masked))
     try:
@@ -355,7 +356,10 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
   narrow_pairs = cfg.cluster_n > 1 and n < _FP8_PAIRS_MIN_N
   if cfg.wide_chunks or narrow_pairs:
     # The next candidate with 128-column parts (wide chunks' are 64), not in pairs.
+    # (Tiles whose estimate is their dense deeper ring's count as in a plain one: the
+    # FP8 stores take that stage's SMEM.)
     cands = candidate_configs(m, n, k, c_dtype=c_dtype, b_scale_rows=b_scale_rows)
+    cands = sorted(cands, key=lambda c: _fp8_estimate(c, m, n, k, b_scale_rows))
     cfg = next((c for c in cands if not c.wide_chunks and c.piece_n() == SCALE_N
                 and not (narrow_pairs and c.cluster_n > 1)), cfg)
   mid_k_split = _fp8_mid_k_split(m, n, k, b_scale_rows)
@@ -381,7 +385,19 @@ def fp8_output_config(m: int, n: int, k: int, *, c_dtype=None,
   # A mid-M form keeps the bf16 default's ring (its two-block steps were measured at
   # that depth, one stage past RING_BYTES) where SMEM holds it beside the FP8 stores.
   mid = hopper_cost.mid_m_form(cfg, m, k, hopper_cost.large_m_tiles(k, b_scale_rows=b_scale_rows))
-  return _fit_stages(cfg, FP8_OUT, c_dtype, max_stages=cfg.stages if mid else ring_stages(cfg))
+  cfg = _fit_stages(cfg, FP8_OUT, c_dtype, max_stages=cfg.stages if mid else ring_stages(cfg))
+  return dataclasses.replace(cfg, desc_carry=hopper_cost.desc_carry_pays(
+      cfg, m, k, grouped=False, masked=False, b_scale_rows=b_scale_rows))
+
+
+def _fp8_estimate(cfg: HopperConfig, m: int, n: int, k: int, b_scale_rows: int) -> float:
+  """The model's time of a bf16 candidate as fp8_output_config keeps it: a dense
+  deeper ring (hopper_cost.DENSE_DEEPER_RING_TILES) cut to RING_BYTES, whose SMEM
+  stage the FP8 stores take."""
+  key = hopper_cost.tile_key(cfg)
+  if key in hopper_cost.DENSE_DEEPER_RING_TILES and hopper_cost.deeper_ring(cfg):
+    cfg = dataclasses.replace(cfg, stages=ring_stages(cfg))
+  return hopper_cost.estimated_time_us(cfg, m, n, k, b_scale_rows=b_scale_rows)
 
 
 def fp8_output_quantized_after(m: int, n: int, k: int, *, b_scale_rows: int = SCALE_N,

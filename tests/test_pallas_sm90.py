@@ -94,6 +94,11 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (70, 200, 300, dataclasses.replace(SMALL, epi_tile_n=64), True, F32, 1.0, jnp.float32),
     (200, 300, 300, THREE_WG, True, F32, 0.5, jnp.float32),
     (400, 260, 512, THREE_WG, False, BF16, 1.0, None),  # chained: 9 tiles on 2 CTAs
+    # the dense rules' form over long K loops: 4 stages, scales in the ring, step top
+    # overlapped (descriptors carried on the GPU; interpret mode runs Pallas's wgmma)
+    (400, 260, 1000, dataclasses.replace(THREE_WG, stages=4, tma_scales=True,
+                                         step_top_overlap=True, desc_carry=True),
+     False, BF16, 1.0, None),
     (70, 100, 300, NARROW, True, F32, 0.5, jnp.float32),
     (5, 128, 640, NARROW, False, BF16, 1.0, None),
     # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
@@ -333,8 +338,8 @@ def _grouped_avals(lead, m, n, k, g):
           jax.ShapeDtypeStruct((g,), jnp.int32))
 
 
-# (one wide chunk a warpgroup with the scales from GMEM; with them in the ring and the
-# step top overlapped; 256 x 128 tiles in pairs sharing A)
+# (one wide chunk a warpgroup with the scales from GMEM; 192 x 128 of three consumers with
+# them in the ring and the step top overlapped; 256 x 128 tiles in pairs sharing A)
 @pytest.mark.parametrize("m,n,k", [(1280, 4096, 7168), (4096, 2112, 7168), (4096, 4096, 7168)])
 def test_carried_descriptors_are_not_formed_from_slot_addresses(m, n, k):
   _assert_every_wgmma_carried(
@@ -564,8 +569,9 @@ def test_gpu_160_column_tiles(m, n, k, out_dtype, with_c):
 
 
 @requires_gpu(major=9)
-# 128 x 192 (scales in the ring, step top overlapped), 128 x 160 (scales from GMEM), 256 x 128
-# in pairs sharing A and alone, a partial last row tile; f32 output with a residual c
+# 192 x 128 of three consumers in 4 stages (scales in the ring, step top overlapped), 128 x 160
+# (scales from GMEM), 256 x 128 in pairs sharing A and alone, a partial last row tile; f32
+# output with a residual c
 @pytest.mark.parametrize("m,n,k,out_dtype,with_c", [
     (4096, 2112, 7168, BF16, False), (1280, 4096, 7168, BF16, False),
     (4096, 4096, 7168, BF16, False), (1024, 7168, 7168, BF16, False),

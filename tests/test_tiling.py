@@ -119,10 +119,14 @@ FROZEN_PICKS = [
     # dense tilings with the scales in the ring overlap their step top ("ov") since
     # 2026-11-27 (H100: +0.2-1.4%), 128 x 256 ones with a bf16 output and no residual
     # since 2026-11-27 10:30 (+0.5-0.9%, their 12 spilled bytes outside the K loop; with
-    # a float32 output or a residual 0.4-1.4% slower)
-    (4096, 2112, 7168, '', {'128x192m2 s4 e64 on wide tma ov dc': 'bf16 bf16+cbf16',
+    # a float32 output or a residual 0.4-1.4% slower); 192 x 128 tiles of three consumers
+    # in 4 stages with carried descriptors since 2026-11-28 ~17:40 (H200: +2.2-2.6%)
+    # where no residual's ring takes their fourth stage
+    (4096, 2112, 7168, '', {'192x128m3 s4 e64 on tma ov dc': 'bf16',
+                            '128x192m2 s4 e64 on wide tma ov dc': 'bf16+cbf16',
                             '128x192m2 s3 e64 on wide tma ov dc': 'bf16+cf32',
-                            '128x192m2 s4 e32 on wide tma ov dc': 'f32 f32+cbf16',
+                            '192x128m3 s4 e32 on tma ov dc': 'f32',
+                            '128x192m2 s4 e32 on wide tma ov dc': 'f32+cbf16',
                             '128x192m2 s3 e32 on wide tma ov dc': 'f32+cf32'}),
     (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma ov': 'bf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
@@ -372,9 +376,10 @@ def test_default_config_rules():
   assert not hopper_tiling.default_config(4096, 4096, 7168, groups=2, grouped=True).tma_scales
   assert hopper_tiling.default_config(4096, 4096, 7168, grouped=True, row_masks=True).tma_scales
   # Narrow N at large M: 128 x 192 tiles of one wide 64 x 192 WGMMA chunk per
-  # warpgroup fill the waves (3 of them, where 128 x 128 tiles need 4.1), ahead
-  # of three consumers' 192 x 128 tiles (also 3 waves); the producer keeps 40.
-  narrow = hopper_tiling.default_config(4096, 2112, 7168)
+  # warpgroup fill the waves (3 of them, where 128 x 128 tiles need 4.1); over long
+  # K loops three consumers' 192 x 128 tiles in a deeper ring run ahead of them (also
+  # 3 waves: test_three_consumer_tiles_over_long_k_loops); the producer keeps 40.
+  narrow = hopper_tiling.default_config(4096, 2112, 2048)
   assert (narrow.tile_m, narrow.tile_n, narrow.consumers) == (128, 192, 2)
   assert narrow.wide_chunks and narrow.producer_registers == 40 and narrow.chunk() == (64, 192)
   # ... whose 64-column parts an FP8 output (one 1x128 group a piece) cannot take:
@@ -701,9 +706,10 @@ def test_descriptors_carried_where_measured():
   (HopperConfig.desc_carry) in the tilings where that was measured faster (H200
   2026-11-28: 128 x 192 +2.2%, 128 x 160 +1.2-1.7%, 256 x 128 pairs +1.1%), not in
   128 x 256 tiles split by columns (-1.5%), decode tiles of two-block steps, per-row
-  b scales or ragged groups of two chunks a warpgroup but 256 x 128; masked groups in
-  the four tilings measured (+0.2-2.0%); ragged loops carrying their slot
-  (test_ragged_slot_carried_with_one_chunk_a_warpgroup)."""
+  b scales or ragged groups of two chunks a warpgroup; masked groups in the four
+  tilings measured (+0.2-2.0%); ragged loops carrying their slot
+  (test_ragged_slot_carried_with_one_chunk_a_warpgroup); 192 x 128 tiles of three
+  consumers in their deeper ring (test_three_consumer_tiles_over_long_k_loops)."""
   for m, n, k in ((4096, 2112, 7168), (1280, 4096, 7168), (2048, 2112, 7168),
                   (4096, 4096, 7168), (1024, 4096, 7168)):
     assert hopper_tiling.default_config(m, n, k).desc_carry, (m, n, k)
@@ -736,6 +742,34 @@ def test_cost_model_chain_rule():
   wide = hopper_tiling.default_config(4096, 24576, 1536)
   assert hopper_tiling.chains_tiles(wide, 4096, 24576, 1536)
   assert hopper_tiling.chains_tiles(THREE_WG, 400, 260, 512)      # 3 x 3 tiles of 192 x 128, 2 CTAs
+
+
+def test_three_consumer_tiles_over_long_k_loops():
+  """Dense GEMMs over long K loops may take 192 x 128 tiles of three consumer
+  warpgroups in a ring one stage deeper, carrying their WGMMA descriptors (H200
+  2026-11-28: 1.009-1.026x the 128 x 192 tiles at 4096 / 8192 x 2112 x 7168, bf16
+  and float32 out); not where a residual's ring leaves them 3 stages (0.95-0.97x),
+  not in their chained short-K form (no descriptors carried: measured 1.000), not in
+  masked GEMMs (4 stages 0.95x)."""
+  three = lambda cfg: (cfg.tile_m, cfg.tile_n, cfg.consumers) == (192, 128, 3)
+  for m, out in itertools.product((4096, 8192), (BF16, F32)):
+    cfg = hopper_tiling.default_config(m, 2112, 7168, out_dtype=out)
+    assert three(cfg) and cfg.stages == 4 and cfg.desc_carry, (m, out, cfg)
+    assert hopper_cost.deeper_ring(cfg)
+  with_c = hopper_tiling.default_config(4096, 2112, 7168, c_dtype=F32)
+  assert not three(with_c), with_c
+  short = hopper_tiling.default_config(4096, 32768, 512)
+  assert three(short) and not short.desc_carry, short
+  masked = hopper_tiling.default_config(1408, 4096, 7168, groups=1, grouped=True,
+                                        expected_m=1024)
+  assert three(masked) and masked.stages == 3, masked
+  for k in (2048, 7168):  # the efficiency of the deeper ring over long K loops only
+    assert hopper_cost.takes_deeper_ring((192, 128, "m", 3), 4096, k, row_masks=False,
+                                         b_scale_rows=128, masked=False) == (k == 7168)
+  # ... and the scales in the ring (as measured): not below TMA_SCALES_MIN_M rows
+  assert not hopper_cost.takes_deeper_ring((192, 128, "m", 3), 1024, 7168, row_masks=False,
+                                           b_scale_rows=128, masked=False)
+  assert not three(hopper_tiling.default_config(768, 4096, 7168))
 
 
 def test_ragged_two_chunk_tiles():
