@@ -546,8 +546,7 @@ def desc_carry_pays(cfg: HopperConfig, m: int, k: int, *, grouped: bool, masked:
   if grouped:
     return carried_slot_pays(cfg, grouped=grouped, masked=masked)
   if tile_key(cfg) in DENSE_DEEPER_RING_TILES:
-    return deeper_ring(cfg) and takes_deeper_ring(tile_key(cfg), m, k, row_masks=False,
-                                                  b_scale_rows=b_scale_rows, masked=False)
+    return in_dense_deeper_ring(cfg, m, k, b_scale_rows=b_scale_rows)
   return b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
 
 
@@ -591,6 +590,14 @@ def deeper_ring(cfg: HopperConfig) -> bool:
   stage deeper (the callers tell dense from masked)."""
   return ((tile_key(cfg) in DEEPER_RING_TILES or tile_key(cfg) in DENSE_DEEPER_RING_TILES)
           and cfg.stages == ring_stages(cfg) + 1)
+
+
+def in_dense_deeper_ring(cfg: HopperConfig, m: int, k: int, *,
+                         b_scale_rows: int = SCALE_N) -> bool:
+  """A dense GEMM's tile of DENSE_DEEPER_RING_TILES in the deeper ring it takes."""
+  return (tile_key(cfg) in DENSE_DEEPER_RING_TILES and deeper_ring(cfg)
+          and takes_deeper_ring(tile_key(cfg), m, k, row_masks=False,
+                                b_scale_rows=b_scale_rows, masked=False))
 
 
 def _short_k(cfg: HopperConfig, m: int, k: int) -> bool:
@@ -710,9 +717,7 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
     efficiency = MID_M_ONE_WAVE_64X128
   elif scaled_ring_tile(cfg, m, k, table):
     efficiency = SCALED_RING_TILES[tile_key(cfg)]
-  elif (table is LARGE_M_TILES and tile_key(cfg) in DENSE_DEEPER_RING_TILES and deeper_ring(cfg)
-        and takes_deeper_ring(tile_key(cfg), m, k, row_masks=False, b_scale_rows=SCALE_N,
-                              masked=False)):
+  elif table is LARGE_M_TILES and in_dense_deeper_ring(cfg, m, k):
     efficiency = DENSE_DEEPER_RING_TILES[tile_key(cfg)]
   else:
     efficiency = (PAIRED_LARGE_M_TILES if paired else table)[tile_key(cfg)]

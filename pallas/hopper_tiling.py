@@ -394,8 +394,7 @@ def _fp8_estimate(cfg: HopperConfig, m: int, n: int, k: int, b_scale_rows: int) 
   """The model's time of a bf16 candidate as fp8_output_config keeps it: a dense
   deeper ring (hopper_cost.DENSE_DEEPER_RING_TILES) cut to RING_BYTES, whose SMEM
   stage the FP8 stores take."""
-  key = hopper_cost.tile_key(cfg)
-  if key in hopper_cost.DENSE_DEEPER_RING_TILES and hopper_cost.deeper_ring(cfg):
+  if hopper_cost.in_dense_deeper_ring(cfg, m, k, b_scale_rows=b_scale_rows):
     cfg = dataclasses.replace(cfg, stages=ring_stages(cfg))
   return hopper_cost.estimated_time_us(cfg, m, n, k, b_scale_rows=b_scale_rows)
 
