@@ -545,9 +545,8 @@ def desc_carry_pays(cfg: HopperConfig, m: int, k: int, *, grouped: bool, masked:
     return tile_key(cfg) in MASKED_DESC_CARRY_TILES
   if grouped:
     return carried_slot_pays(cfg, grouped=grouped, masked=masked)
-  if tile_key(cfg) in DENSE_DEEPER_RING_TILES:
-    return in_dense_deeper_ring(cfg, m, k, b_scale_rows=b_scale_rows)
-  return b_scale_rows == SCALE_N and tile_key(cfg) in DESC_CARRY_TILES
+  return b_scale_rows == SCALE_N and (tile_key(cfg) in DESC_CARRY_TILES
+                                      or in_dense_deeper_ring(cfg, m, k))
 
 
 def carried_slot_pays(cfg: HopperConfig, *, grouped: bool, masked: bool) -> bool:
