@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +47,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, problem, quant_math
 from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, copy_a_rows, gate_activation,
-                                   pad_for_tma, tiled, unsupported_reason)
+                                   pad_for_tma, rows_buffer_shape, tiled,
+                                   unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
 from jax_fp8.pallas.recipe import zero_unless
@@ -104,10 +106,12 @@ class BlackwellConfig:
     return 2 if pieces % 2 == 0 else 1
 
   def smem_bytes(self, out_dtype, c_dtype=None, exact_rows: bool = False) -> int:
-    """exact_rows: the ragged GEMM's row-exact stores (one more store buffer)."""
+    """exact_rows: the ragged GEMM's row-exact stores (their buffer)."""
     stage = (self.tile_m + self.tile_n) * K_BLOCK + self.tile_m * 4
-    epi = ((self.out_slots() + exact_rows) * self.tile_m * self.epi_tile_n
-           * np.dtype(out_dtype).itemsize)
+    epi = self.out_slots() * self.tile_m * self.epi_tile_n * np.dtype(out_dtype).itemsize
+    if exact_rows:
+      epi += (math.prod(rows_buffer_shape(self.tile_m, self.epi_tile_n, out_dtype))
+              * np.dtype(out_dtype).itemsize)
     if c_dtype is not None:
       epi += self.c_stages * self.tile_m * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.input_stages * stage + epi + 1024  # barriers and alignment slack
@@ -144,7 +148,7 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
       tmem=MmaContext.barriers(cfg.tmem_stages),
   )
   if prob.exact_rows:  # a piece's rows, sliced anywhere by the partial stores
-    scratch["rows_smem"] = plgpu.SMEM((tile_m, epi_n), out_dtype)
+    scratch["rows_smem"] = plgpu.SMEM(rows_buffer_shape(tile_m, epi_n, out_dtype), out_dtype)
   if c_gmem is not None:
     scratch.update(c_smem=plgpu.SMEM((cfg.c_stages, tile_m, epi_n), c_gmem.dtype,
                                      transforms=tiled(c_gmem.dtype, epi_n)),

@@ -4,6 +4,7 @@ row-wise quantiser, the short TMA boxes of a last row tile (for_row_tile_box).""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,9 @@ SMEM_BYTES = 227 * 1024
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
 FP8_OUT = np.dtype(jnp.float8_e4m3fn)   # quantised 1x128 in the epilogue (dense op)
 C_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+# A TMA copy's shared-memory address must be 128-byte aligned (the GPU faults with
+# "misaligned address" otherwise).
+TMA_SMEM_ALIGN = 128
 
 
 def round_up(x: int, m: int) -> int:
@@ -39,6 +43,18 @@ def unsupported_reason(op, m, n, k, *, out_dtype, has_c=False, b_scale_rows=SCAL
   if m >= 2**31 or n >= 2**31 or k >= 2**31:
     return "dimensions must fit in int32"
   return None
+
+
+def rows_buffer_shape(rows: int, cols: int, dtype) -> tuple[int, int, int]:
+  """The SMEM buffer of row-exact stores (OutputStores.store_rows) of pieces of
+  (rows, cols) in dtype: (copies, rows per copy, cols). A store copies a piece's
+  rows from any row by TMA, whose shared-memory address must be TMA_SMEM_ALIGN-
+  aligned: where a row is less (bf16 pieces of 32 or 16 columns, float32 of 16),
+  copy j holds the piece shifted down by j rows, so that every row starts an
+  aligned address in one copy (each copy TMA_SMEM_ALIGN-aligned: one row more)."""
+  row_bytes = cols * np.dtype(dtype).itemsize
+  copies = TMA_SMEM_ALIGN // math.gcd(TMA_SMEM_ALIGN, row_bytes)
+  return copies, rows + (copies if copies > 1 else 0), cols
 
 
 def tiled(dtype, cols):

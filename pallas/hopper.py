@@ -55,7 +55,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, problem, quant_math, wgmma_desc
 from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, copy_a_rows,
-                                   gate_activation, pad_for_tma, tiled, unsupported_reason)
+                                   TMA_SMEM_ALIGN, gate_activation, pad_for_tma,
+                                   rows_buffer_shape, tiled, unsupported_reason)
 # kernel_dtypes: also imported from here by earlier revisions' hopper_tiling.py
 # (tools/tiling_picks.py --rev loads them against this tree).
 from jax_fp8.pallas.hopper_config import CHUNK_M, HopperConfig, kernel_dtypes  # noqa: F401
@@ -114,7 +115,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
     if stage_b_scales:
       scratch["b_scales"] = plgpu.SMEM((stages, 1, tile_n), jnp.float32)
   if prob.exact_rows:  # a piece's rows, sliced anywhere by the partial stores
-    scratch["rows_smem"] = plgpu.SMEM((storing, cm, cfg.epi_tile_n), out_dtype)
+    scratch["rows_smem"] = plgpu.SMEM((storing, *rows_buffer_shape(cm, cfg.epi_tile_n,
+                                                                   out_dtype)), out_dtype)
   if window:
     scratch["a_stage"] = plgpu.SMEM((2, window * k_step, tile_m), jnp.float32)
     scratch.update({f"stage_{name}": bar for name, bar in ProducerConsumerPipeline.barriers(
@@ -766,6 +768,11 @@ def _profile_params() -> dict:
 
 def _run(cfg: HopperConfig, launch: problem.Launch):
   """Runs the kernel for a prepared launch (pallas/problem.py); returns the result."""
+  if cfg.tma_scales and launch.problem.recipe.per_row_b and (cfg.tile_n * 4) % TMA_SMEM_ALIGN:
+    # Each ring slot's per-row b scales are a TMA destination of tile_n floats.
+    raise ValueError(f"tma_scales with per-row b scales needs tile_n a multiple of "
+                     f"{TMA_SMEM_ALIGN // 4} (each slot's scales a {TMA_SMEM_ALIGN}-byte "
+                     f"aligned TMA destination), got tile_n={cfg.tile_n}")
   cl = cfg.cluster_m * cfg.cluster_n
   units = launch.problem.scheduler.num_units
   grid = min((cfg.num_sms or num_sms()) // cl, units)

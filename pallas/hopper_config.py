@@ -10,7 +10,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from jax_fp8.pallas.common import K_BLOCK, SCALE_N
+from jax_fp8.pallas.common import K_BLOCK, SCALE_N, rows_buffer_shape
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
 WIDE_PIECE_N = 64      # columns of a promoted piece of a wide chunk (at most)
@@ -240,11 +240,15 @@ class HopperConfig:
     return 2 if pieces % 2 == 0 else 1
 
   def smem_bytes(self, out_dtype, c_dtype=None, exact_rows: bool = False) -> int:
-    """exact_rows: the ragged GEMM's row-exact stores (one more store buffer)."""
+    """exact_rows: the ragged GEMM's row-exact stores (their buffer)."""
     out_dtype, c_dtype = kernel_dtypes(self, out_dtype, c_dtype)
     stage = (self.tile_m + self.tile_n) * K_BLOCK * self.k_step
-    epi = (self.storing_warpgroups * (self.out_slots() + exact_rows) * CHUNK_M
+    epi = (self.storing_warpgroups * self.out_slots() * CHUNK_M
            * self.epi_tile_n * np.dtype(out_dtype).itemsize)
+    if exact_rows:
+      epi += (self.storing_warpgroups * math.prod(rows_buffer_shape(CHUNK_M, self.epi_tile_n,
+                                                                    out_dtype))
+              * np.dtype(out_dtype).itemsize)
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += (self.storing_warpgroups * 2 * CHUNK_M * self.epi_tile_n
               * np.dtype(c_dtype).itemsize)

@@ -237,10 +237,17 @@ DEEPER_RING_TILES = ((128, 192, "m", 2),)
 # (LARGE_M_TILES has the shallower ring's): 192 x 128 tiles of three consumer
 # warpgroups (each promotion behind two other warpgroups' WGMMAs) in 4 stages with
 # carried descriptors ran 1.009-1.026x the 128 x 192 picks at 4096 / 8192 x 2112 x
-# 7168 (same waves; bf16 and float32 out), in 3 stages 0.95-0.97x (H200 2026-11-28);
-# masked 1 x 1024 in 4 stages 0.95x. Shorter K loops are not measured.
+# 7168 (same waves; bf16 and float32 out), in 3 stages 0.95-0.97x (H200 2026-11-28).
+# Shorter K loops are not measured.
 DENSE_DEEPER_RING_TILES = {(192, 128, "m", 3): 0.99}
 DENSE_DEEPER_RING_MIN_K_BLOCKS = 32
+# ... and in masked GEMMs over those K loops, the ring bringing the scales too and
+# the step top overlapped (MASKED_TILES' efficiency): against 3 stages of scales from
+# GMEM, 1.022-1.031x at 1 x ~1024 4096x7168 (three runs of 3-4 fills), 1.042 at 2 x
+# 512, 1.045 at 4 x 1024 7168x7168, 1.015 at 8 x 384; 4 stages of scales from GMEM ran
+# 0.95x (H200 2026-11-28). Where the model picks other tiles it stays behind them
+# (0.97x 128 x 160 at 2 x ~512; over 16 K blocks 0.91x 128 x 192 at 4 x ~256).
+MASKED_DEEPER_RING_TILES = ((192, 128, "m", 3),)
 # The masked GEMMs' row counts (masked_m) are known on the device only: their
 # estimate averages over MASKED_DRAWS fills, each group's rows spread evenly
 # over half its capacity M to all of it, independently of the other groups'
@@ -577,18 +584,28 @@ def takes_deeper_ring(tile: tuple, m: int, k: int, *, row_masks: bool, b_scale_r
   """Whether a large-M tile (tile_key) of a problem runs only with the ring one
   stage past RING_BYTES (DEEPER_RING_TILES: dense and masked 128x128-scaled GEMMs;
   DENSE_DEEPER_RING_TILES: dense ones over long K loops whose ring brings the
-  scales, as measured)."""
-  deeper = tile in DEEPER_RING_TILES or (
-      tile in DENSE_DEEPER_RING_TILES and not masked and m >= TMA_SCALES_MIN_M
-      and _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS)
+  scales, as measured; MASKED_DEEPER_RING_TILES: masked ones over those loops,
+  the ring then bringing the scales too, deeper_ring_scales_in_ring)."""
+  long_k = _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS
+  deeper = tile in DEEPER_RING_TILES or (long_k and (
+      (tile in DENSE_DEEPER_RING_TILES and not masked and m >= TMA_SCALES_MIN_M)
+      or (tile in MASKED_DEEPER_RING_TILES and masked)))
   return deeper and not row_masks and b_scale_rows == SCALE_N
 
 
+def deeper_ring_scales_in_ring(tile: tuple, *, masked: bool) -> bool:
+  """Whether a tile that takes its deeper ring (takes_deeper_ring) has the ring
+  bring the scales where the M rule (tma_scales_pay) would not: masked
+  MASKED_DEEPER_RING_TILES (measured only so)."""
+  return masked and tile in MASKED_DEEPER_RING_TILES
+
+
 def deeper_ring(cfg: HopperConfig) -> bool:
-  """A tile of DEEPER_RING_TILES or DENSE_DEEPER_RING_TILES with its ring one
-  stage deeper (the callers tell dense from masked)."""
-  return ((tile_key(cfg) in DEEPER_RING_TILES or tile_key(cfg) in DENSE_DEEPER_RING_TILES)
-          and cfg.stages == ring_stages(cfg) + 1)
+  """A tile of DEEPER_RING_TILES, DENSE_DEEPER_RING_TILES or MASKED_DEEPER_RING_TILES
+  with its ring one stage deeper (the callers tell dense from masked)."""
+  key = tile_key(cfg)
+  return ((key in DEEPER_RING_TILES or key in DENSE_DEEPER_RING_TILES
+           or key in MASKED_DEEPER_RING_TILES) and cfg.stages == ring_stages(cfg) + 1)
 
 
 def in_dense_deeper_ring(cfg: HopperConfig, m: int, k: int, *,

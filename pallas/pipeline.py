@@ -377,8 +377,8 @@ class OutputStores:
   store that last read it must have finished reading. `finish()` waits for
   every store's reads before the kernel (or the SMEM) goes away.
 
-  rows_smem: (rows, cols) without transforms, for `store_rows` (a piece of
-  which only some rows are stored), else None.
+  rows_smem: (copies, rows + shift, cols) without transforms, for `store_rows` (a
+  piece of which only some rows are stored; common.rows_buffer_shape), else None.
   """
   smem: Any
   rows_smem: Any = None
@@ -397,11 +397,15 @@ class OutputStores:
 
     A whole piece takes `store`. Part of one goes through rows_smem (its
     untiled rows can be sliced anywhere) in TMA boxes of 2^j rows, one per bit
-    of the row count (TMA boxes have static sizes). Stores of other pieces
-    may be in flight meanwhile: `store`'s wait keeps a slot's last store the
-    newest but one, and this waits for every store before reusing rows_smem.
+    of the row count (TMA boxes have static sizes). A box from piece row s is
+    copied from the copy of the piece where that row starts an aligned address
+    (copy j holds it j rows down: j = -s mod copies; common.rows_buffer_shape).
+    Stores of other pieces may be in flight meanwhile: `store`'s wait keeps a
+    slot's last store the newest but one, and this waits for every store before
+    reusing rows_smem.
     """
     rows = self.smem.shape[1]
+    copies = self.rows_smem.shape[0]
     lo, hi = jnp.maximum(lo, 0), jnp.minimum(hi, rows)
 
     @pl.when((lo == 0) & (hi == rows))
@@ -411,14 +415,26 @@ class OutputStores:
     @pl.when((hi > lo) & ((lo > 0) | (hi < rows)))
     def _():
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-      self.rows_smem[...] = value.astype(self.rows_smem.dtype)
+      self.rows_smem[0, pl.ds(0, rows)] = value.astype(self.rows_smem.dtype)
       plgpu.commit_smem()
+      if copies > 1:
+        # The shifted copies from the first in plain 16-byte vectors: a store in
+        # the WGMMA layout addresses its destination as if 128-byte aligned.
+        dtype = jnp.dtype(self.rows_smem.dtype)
+        layout = plgpu.Layout.WG_STRIDED((rows, self.rows_smem.shape[2]),
+                                         vec_size=16 // dtype.itemsize)
+        piece = plgpu.load(self.rows_smem.at[0, pl.ds(0, rows)], layout=layout,
+                           optimized=False)
+        for j in range(1, copies):
+          self.rows_smem[j, pl.ds(j, rows)] = piece
+        plgpu.commit_smem()
       count, start = hi - lo, lo
       box = 1 << (rows.bit_length() - 1)
       while box:
         @pl.when(count & box != 0)
         def _(box=box, start=start):
-          plgpu.copy_smem_to_gmem(self.rows_smem.at[pl.ds(start, box)], dst(start, box))
+          j = 0 if copies == 1 else lax.rem(copies - lax.rem(start, copies), copies)
+          plgpu.copy_smem_to_gmem(self.rows_smem.at[j, pl.ds(start + j, box)], dst(start, box))
         start = start + (count & box)
         box //= 2
 

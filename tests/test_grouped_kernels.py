@@ -269,6 +269,18 @@ def test_gpu_ragged_odd_groups(backend, sizes, n, k, out_dtype):
 
 
 @pytest.mark.parametrize("backend", _params("ragged", gpu=True))
+@pytest.mark.parametrize("m,sizes,n,k,out_dtype", [
+    # up to 128 rows at small N the rules took 64 x 32 tiles with 16-column stores,
+    # whose row-exact TMA stores faulted ("misaligned address")
+    (128, [37, 0, 1, 60], 512, 1024, BF16),
+    (128, [37, 0, 1, 60], 96, 7168, F32),
+    (100, [3, 64, 33], 2112, 7168, BF16),
+])
+def test_gpu_ragged_few_rows(backend, m, sizes, n, k, out_dtype):
+  _gpu_ragged(backend, sizes, n, k, out_dtype, m=m)
+
+
+@pytest.mark.parametrize("backend", _params("ragged", gpu=True))
 def test_gpu_ragged_deterministic(backend):
   sizes = _unaligned_sizes(1, 8, 8192)
   first = np.asarray(_gpu_ragged(backend, sizes, 4096, 7168, BF16, seed=3).astype(jnp.float32))

@@ -21,7 +21,7 @@ import pytest
 from conftest import requires_gpu
 
 from jax_fp8 import testing
-from jax_fp8.pallas import blackwell, hopper, hopper_tiling, sm90
+from jax_fp8.pallas import blackwell, common, hopper, hopper_tiling, sm90
 from test_quantize_kernels import model_1x128
 
 FP8 = jnp.float8_e4m3fn
@@ -193,6 +193,21 @@ def test_per_row_b_scales(arch, cfg, m, n, k, out_dtype):
                                            b_scale_rows=1, config=cfg)
   out = _interpret(fn, a, sa, b, sb)
   testing.assert_close(out, _per_row_reference(a, sa, b, sb), out_dtype)
+
+
+def test_per_row_b_scales_in_the_ring_need_aligned_slots():
+  """Each ring slot's per-row b scales (tma_scales) are a TMA destination of tile_n
+  floats, whose SMEM address must be 128-byte aligned: tile_n a multiple of 32."""
+  cfg = dataclasses.replace(H_K_SPLIT, tile_n=16, epi_tile_n=16, tma_scales=True)
+  s = jax.ShapeDtypeStruct
+  ops = (s((64, 256), FP8), s((64, 2), jnp.float32), s((64, 256), FP8))
+
+  def fn(b_scale_rows):
+    return lambda a, sa, b, sb: hopper.blockwise_fp8_dot(
+        a, sa, b, sb, None, beta=1.0, out_dtype=F32, b_scale_rows=b_scale_rows, config=cfg)
+  with pytest.raises(ValueError, match="tile_n a multiple of 32"):
+    jax.eval_shape(fn(1), *ops, s((64, 2), jnp.float32))
+  jax.eval_shape(fn(128), *ops, s((1, 2), jnp.float32))  # 128x128 b scales: not staged
 
 
 @pytest.mark.parametrize("arch,cfg,m,sizes", [
@@ -443,6 +458,35 @@ def test_grouped_configs_take_no_splits_or_pairs_sharing_b():
   for bad in (dict(split_k=2), dict(cluster_m=2)):
     with pytest.raises(ValueError, match="grouped"):
       hopper.ragged_dot(*args, out_dtype=F32, config=dataclasses.replace(H_SMALL, **bad))
+
+
+@pytest.mark.parametrize("cols,dtype,copies", [(64, BF16, 1), (32, F32, 1), (32, BF16, 2),
+                                               (16, F32, 2), (16, BF16, 4)])
+def test_rows_buffer_copies_start_every_row_aligned(cols, dtype, copies):
+  """A TMA copy's SMEM address is 128-byte aligned: pieces of narrower rows keep
+  shifted copies, so that a box from any piece row starts aligned in one of them
+  (64 x 32 tiles' 16-column bf16 pieces faulted on the H200 without)."""
+  n, plane, c = common.rows_buffer_shape(64, cols, dtype)
+  row_bytes = cols * dtype.itemsize
+  assert (n, c) == (copies, cols) and plane * row_bytes % 128 == 0
+  for s in range(64):
+    j = (copies - s % copies) % copies
+    assert (j * plane + s + j) * row_bytes % 128 == 0 and j + 64 <= plane
+
+
+@pytest.mark.parametrize("arch,cfg,out_dtype", [
+    ("sm90", H_SMALL, BF16),                                                  # 2 copies
+    ("sm90", dataclasses.replace(H_SMALL, tile_n=32, epi_tile_n=16), BF16),  # 4 copies
+    ("sm90", dataclasses.replace(H_SMALL, tile_n=32, epi_tile_n=16), F32),   # 2 copies
+    ("sm100", B_SMALL, BF16),                                                 # 2 copies
+])
+def test_ragged_narrow_pieces(arch, cfg, out_dtype):
+  """Row-exact stores of pieces under 128 bytes a row, groups starting at odd rows."""
+  args, ref, end = _ragged_operands(7, 200, 96, 300, [37, 0, 1, 100, 21, 3])
+  fn = lambda *xs: KERNELS[arch].ragged_dot(*xs, out_dtype=out_dtype, config=cfg)
+  out = _interpret(fn, *args)
+  assert np.all(np.asarray(out[end:].astype(jnp.float32)) == 0.0), "rows past the groups: 0"
+  testing.assert_close(out[:end], ref[:end], out_dtype)
 
 
 # Ragged pieces in pairs of CTAs side by side sharing A (cluster_n): three column tiles

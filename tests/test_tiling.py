@@ -156,11 +156,12 @@ FROZEN_PICKS = [
                                    '128x192m2 s3 e32 on wide tma ov dc cs': 'f32'}),
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
     # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M; 128 x 160
-    # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100)
-    (1024, 4096, 7168, 'masked x1', {'192x128m3 s3 e64 on dc': 'bf16',
-                                     '192x128m3 s3 e32 on dc': 'f32'}),
-    (512, 4096, 7168, 'masked x2', {'192x128m3 s3 e64 om dc': 'bf16',
-                                    '192x128m3 s3 e32 om dc': 'f32'}),
+    # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100); 192 x 128
+    # in 4 stages with the scales in the ring since 2026-11-28 ~19:50 (H200: 1.025-1.03x)
+    (1024, 4096, 7168, 'masked x1', {'192x128m3 s4 e64 on tma ov dc': 'bf16',
+                                     '192x128m3 s4 e32 on tma ov dc': 'f32'}),
+    (512, 4096, 7168, 'masked x2', {'192x128m3 s4 e64 om tma ov dc': 'bf16',
+                                    '192x128m3 s4 e32 om tma ov dc': 'f32'}),
     (256, 4096, 7168, 'masked x4', {'128x160m2 s4 e32 om wide lf dc': 'bf16 f32'}),
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
                                     '64x256n2 s3 e32 om sep': 'f32'}),
@@ -373,7 +374,8 @@ def test_default_config_rules():
   assert hopper_tiling.default_config(2048, 4096, 7168).tma_scales
   assert not hopper_tiling.default_config(384, 32768, 7168).tma_scales
   assert not hopper_tiling.default_config(1024, 7168, 2048).tma_scales
-  assert not hopper_tiling.default_config(4096, 4096, 7168, groups=2, grouped=True).tma_scales
+  # (masked: only the 192 x 128 tiles in their deeper ring, test_three_consumer_tiles_...)
+  assert not hopper_tiling.default_config(4096, 4096, 2048, groups=2, grouped=True).tma_scales
   assert hopper_tiling.default_config(4096, 4096, 7168, grouped=True, row_masks=True).tma_scales
   # Narrow N at large M: 128 x 192 tiles of one wide 64 x 192 WGMMA chunk per
   # warpgroup fill the waves (3 of them, where 128 x 128 tiles need 4.1); over long
@@ -749,8 +751,9 @@ def test_three_consumer_tiles_over_long_k_loops():
   warpgroups in a ring one stage deeper, carrying their WGMMA descriptors (H200
   2026-11-28: 1.009-1.026x the 128 x 192 tiles at 4096 / 8192 x 2112 x 7168, bf16
   and float32 out); not where a residual's ring leaves them 3 stages (0.95-0.97x),
-  not in their chained short-K form (no descriptors carried: measured 1.000), not in
-  masked GEMMs (4 stages 0.95x)."""
+  not in their chained short-K form (no descriptors carried: measured 1.000). Masked
+  GEMMs take the deeper ring over long K loops with the scales in it (1 x 1024:
+  1.025-1.03x; with the scales from GMEM 0.95x), not over short ones."""
   three = lambda cfg: (cfg.tile_m, cfg.tile_n, cfg.consumers) == (192, 128, 3)
   for m, out in itertools.product((4096, 8192), (BF16, F32)):
     cfg = hopper_tiling.default_config(m, 2112, 7168, out_dtype=out)
@@ -762,7 +765,10 @@ def test_three_consumer_tiles_over_long_k_loops():
   assert three(short) and not short.desc_carry, short
   masked = hopper_tiling.default_config(1408, 4096, 7168, groups=1, grouped=True,
                                         expected_m=1024)
-  assert three(masked) and masked.stages == 3, masked
+  assert three(masked) and masked.stages == 4 and masked.tma_scales, masked
+  assert masked.step_top_overlap and masked.desc_carry and hopper_cost.deeper_ring(masked)
+  short = hopper_tiling.default_config(1408, 4096, 2048, groups=1, grouped=True)
+  assert not (three(short) and (short.stages > 3 or short.tma_scales)), short
   for k in (2048, 7168):  # the efficiency of the deeper ring over long K loops only
     assert hopper_cost.takes_deeper_ring((192, 128, "m", 3), 4096, k, row_masks=False,
                                          b_scale_rows=128, masked=False) == (k == 7168)
