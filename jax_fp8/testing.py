@@ -429,9 +429,71 @@ def _interpret_modules():
   return gpu_callbacks, interpret_pallas_call
 
 
+# A TMA copy's shared-memory address must be this aligned: the GPU faults
+# ("misaligned address") where it is not, and the interpreter does not check it.
+TMA_SMEM_ALIGN = 128
+
+
+class _TmaAlignment:
+  """Wraps the interpreter's TMA callbacks to record every copy whose SMEM side
+  starts off a TMA_SMEM_ALIGN-byte boundary of its buffer (the offset of the
+  logical, row-major slice: buffers are allocated aligned, and the kernels
+  slice tiled buffers by whole slots or whole rows of tiles only)."""
+  _COPIES = {"copy_smem_to_gmem": "src", "copy_gmem_to_smem": "dst"}
+
+  def __init__(self, gpu_callbacks):
+    self.callbacks = gpu_callbacks
+    self.originals = {name: getattr(gpu_callbacks, name) for name in self._COPIES}
+    self.misaligned: list[str] = []
+
+  def smem_offset_bytes(self, key_array, transforms) -> int:
+    cb = self.callbacks
+    memory = cb._get_shared_memory()
+    key = cb.HostAllocationKey.from_array(key_array)
+    transforms = jax.tree.map(int, cb._remove_noop_transforms(transforms))
+    access = memory.access(key, transforms)
+    buffer = memory.buffer_shape_and_dtype(key)
+    strides = np.cumprod((1, *buffer.shape[::-1]))[-2::-1]
+    starts = [r if isinstance(r, int) else r.start for r in access.range]
+    return int(np.dot(starts, strides)) * np.dtype(buffer.dtype).itemsize
+
+  def _wrapped(self, name):
+    original, side = self.originals[name], self._COPIES[name]
+
+    def copy(**kwargs):
+      offset = self.smem_offset_bytes(kwargs[f"{side}_allocation_key_as_array"],
+                                      kwargs[f"{side}_transforms"])
+      if offset % TMA_SMEM_ALIGN:
+        self.misaligned.append(f"{name} at SMEM byte offset {offset} "
+                               f"({_summarize(kwargs.get('source_info'))})")
+      return original(**kwargs)
+    return copy
+
+  def __enter__(self):
+    for name in self._COPIES:
+      setattr(self.callbacks, name, self._wrapped(name))
+    return self
+
+  def __exit__(self, *exc):
+    for name, original in self.originals.items():
+      setattr(self.callbacks, name, original)
+
+
+def _summarize(source_info) -> str:
+  """Where in the kernel's source a primitive was traced, if the interpreter says."""
+  try:
+    from jax._src import source_info_util
+    return source_info_util.summarize(source_info)
+  except Exception:  # (internal API: only a hint in a message)
+    return "source unknown"
+
+
 @contextlib.contextmanager
-def gpu_interpret_mode(detect_races: bool = True, **params):
-  """Runs Pallas GPU kernels traced inside on the CPU; asserts no race was found.
+def gpu_interpret_mode(detect_races: bool = True, check_tma_alignment: bool = True,
+                       **params):
+  """Runs Pallas GPU kernels traced inside on the CPU; asserts no race was found
+  and (check_tma_alignment) that every TMA copy's SMEM address is aligned as the
+  GPU needs (TMA_SMEM_ALIGN), which the interpreter does not check.
 
   Also resets the interpreter's state when a kernel raised, so that the next
   test in the process starts clean.
@@ -439,9 +501,10 @@ def gpu_interpret_mode(detect_races: bool = True, **params):
   from jax.experimental.pallas import mosaic_gpu as plgpu
   gpu_callbacks, interpret_pallas_call = _interpret_modules()
   interpret_pallas_call.reset_gpu_interpret_mode_state()
+  alignment = _TmaAlignment(gpu_callbacks) if check_tma_alignment else contextlib.nullcontext()
   ok = False
   try:
-    with plgpu.force_gpu_interpret_mode(
+    with alignment, plgpu.force_gpu_interpret_mode(
         plgpu.InterpretGPUParams(detect_races=detect_races, **params)):
       yield
     ok = True
@@ -456,6 +519,10 @@ def gpu_interpret_mode(detect_races: bool = True, **params):
   races = gpu_callbacks._races
   if detect_races and races is not None and races.races_found:
     raise AssertionError(_RACE_FOUND)
+  if check_tma_alignment and alignment.misaligned:
+    raise AssertionError(
+        f"{len(alignment.misaligned)} TMA copies with an SMEM address not "
+        f"{TMA_SMEM_ALIGN}-byte aligned (the GPU faults), e.g. {alignment.misaligned[0]}")
 
 
 _RACE_RAISED = "RACE DETECTED"
