@@ -488,6 +488,25 @@ def _summarize(source_info) -> str:
     return "source unknown"
 
 
+# The interpreter runs each warpgroup of a CTA as its own XLA computation on the
+# CPU client's threads, whose number grows with the CPU devices (and cores): on 2
+# cores with 1-2 CPU devices a kernel of 4 warpgroups (3 consumers + the producer)
+# whose first three waited for the fourth never ran it; with 3 devices it ran
+# (2026-11-28). tests/conftest.py configures 8.
+_MIN_CPU_THREADS_HINT = 3
+
+
+def _warn_if_interpreter_may_starve():
+  import os
+  import warnings
+  if len(jax.devices("cpu")) < _MIN_CPU_THREADS_HINT and (os.cpu_count() or 1) < 4:
+    warnings.warn(
+        "GPU interpret mode on a machine of few cores and CPU devices: a kernel whose "
+        "warpgroups wait for one another can hang (each warpgroup takes one of XLA's "
+        "CPU threads). Set XLA_FLAGS=--xla_force_host_platform_device_count=8 before "
+        "jax initialises.", RuntimeWarning, stacklevel=3)
+
+
 @contextlib.contextmanager
 def gpu_interpret_mode(detect_races: bool = True, check_tma_alignment: bool = True,
                        **params):
@@ -499,6 +518,7 @@ def gpu_interpret_mode(detect_races: bool = True, check_tma_alignment: bool = Tr
   test in the process starts clean.
   """
   from jax.experimental.pallas import mosaic_gpu as plgpu
+  _warn_if_interpreter_may_starve()
   gpu_callbacks, interpret_pallas_call = _interpret_modules()
   interpret_pallas_call.reset_gpu_interpret_mode_state()
   alignment = _TmaAlignment(gpu_callbacks) if check_tma_alignment else contextlib.nullcontext()

@@ -64,3 +64,19 @@ def test_tma_copy_from_a_misaligned_smem_row_fails():
   x = jnp.arange(8 * 32, dtype=jnp.float32).reshape(8, 32).astype(jnp.bfloat16)
   with pytest.raises(AssertionError, match="SMEM byte offset 64 .*test_interpret_helper"):
     testing.run_in_gpu_interpret_mode(lambda x: _store_rows_from(1, x), x)
+
+
+def test_few_cpu_threads_warn(monkeypatch):
+  """One warpgroup per XLA CPU thread: too few of them can hang a kernel whose
+  warpgroups wait for one another (CI configures 8 CPU devices: no warning)."""
+  import os
+  import warnings
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    with testing.gpu_interpret_mode():
+      pass
+  monkeypatch.setattr(jax, "devices", lambda *a: [None])
+  monkeypatch.setattr(os, "cpu_count", lambda: 2)
+  with pytest.warns(RuntimeWarning, match="xla_force_host_platform_device_count"):
+    with testing.gpu_interpret_mode():
+      pass
