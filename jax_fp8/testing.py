@@ -30,6 +30,8 @@ import ml_dtypes
 import numpy as np
 
 from jax_fp8 import quantize
+# (the GPU faults on a TMA copy's SMEM address off it; the interpreter does not check)
+from jax_fp8.pallas.common import TMA_SMEM_ALIGN
 
 # Relative Frobenius error bounds against the float64 reference.
 TOLERANCE = {np.dtype(jnp.float32): 1e-5, np.dtype(jnp.bfloat16): 4e-3}
@@ -427,11 +429,6 @@ def _interpret_modules():
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
   return gpu_callbacks, interpret_pallas_call
-
-
-# A TMA copy's shared-memory address must be this aligned: the GPU faults
-# ("misaligned address") where it is not, and the interpreter does not check it.
-TMA_SMEM_ALIGN = 128
 
 
 class _TmaAlignment:
