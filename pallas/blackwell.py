@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +46,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_fp8.pallas import device, problem, quant_math
 from jax_fp8.pallas.common import (K_BLOCK, SCALE_N, SMEM_BYTES, copy_a_rows, gate_activation,
-                                   pad_for_tma, rows_buffer_shape, tiled,
-                                   unsupported_reason)
+                                   pad_for_tma, rows_buffer_bytes, rows_buffer_shape,
+                                   tiled, unsupported_reason)
 from jax_fp8.pallas.pipeline import (EpiLoadPipeline, EpilogueKContext, MmaContext,
                                      OutputStores, ProducerConsumerPipeline)
 from jax_fp8.pallas.recipe import zero_unless
@@ -110,8 +109,7 @@ class BlackwellConfig:
     stage = (self.tile_m + self.tile_n) * K_BLOCK + self.tile_m * 4
     epi = self.out_slots() * self.tile_m * self.epi_tile_n * np.dtype(out_dtype).itemsize
     if exact_rows:
-      epi += (math.prod(rows_buffer_shape(self.tile_m, self.epi_tile_n, out_dtype))
-              * np.dtype(out_dtype).itemsize)
+      epi += rows_buffer_bytes(self.tile_m, self.epi_tile_n, out_dtype)
     if c_dtype is not None:
       epi += self.c_stages * self.tile_m * self.epi_tile_n * np.dtype(c_dtype).itemsize
     return self.input_stages * stage + epi + 1024  # barriers and alignment slack

@@ -57,6 +57,11 @@ def rows_buffer_shape(rows: int, cols: int, dtype) -> tuple[int, int, int]:
   return copies, rows + (copies if copies > 1 else 0), cols
 
 
+def rows_buffer_bytes(rows: int, cols: int, dtype) -> int:
+  """SMEM bytes of rows_buffer_shape(rows, cols, dtype)."""
+  return math.prod(rows_buffer_shape(rows, cols, dtype)) * np.dtype(dtype).itemsize
+
+
 def tiled(dtype, cols):
   """SMEM tiling + swizzle for a (rows, cols) TMA tile of `dtype`."""
   swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)

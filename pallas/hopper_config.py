@@ -10,7 +10,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from jax_fp8.pallas.common import K_BLOCK, SCALE_N, rows_buffer_shape
+from jax_fp8.pallas.common import K_BLOCK, SCALE_N, rows_buffer_bytes
 
 CHUNK_M = 64           # rows of one WGMMA accumulator (one warpgroup's m64 instructions)
 WIDE_PIECE_N = 64      # columns of a promoted piece of a wide chunk (at most)
@@ -246,9 +246,7 @@ class HopperConfig:
     epi = (self.storing_warpgroups * self.out_slots() * CHUNK_M
            * self.epi_tile_n * np.dtype(out_dtype).itemsize)
     if exact_rows:
-      epi += (self.storing_warpgroups * math.prod(rows_buffer_shape(CHUNK_M, self.epi_tile_n,
-                                                                    out_dtype))
-              * np.dtype(out_dtype).itemsize)
+      epi += self.storing_warpgroups * rows_buffer_bytes(CHUNK_M, self.epi_tile_n, out_dtype)
     if c_dtype is not None:  # a 2-slot ring of c pieces per warpgroup
       epi += (self.storing_warpgroups * 2 * CHUNK_M * self.epi_tile_n
               * np.dtype(c_dtype).itemsize)
