@@ -202,6 +202,15 @@ RAGGED_TILES = {(128, 192, "m", 2): 1.0, (192, 128, "m", 3): 0.92, (128, 128, "m
 RAGGED_SHORT_K_TILES = {(128, 256, "n", 2): 1.02, (192, 128, "m", 3): 1.0,
                         (128, 128, "m", 2): 0.94, (64, 128, "n", 2): 0.8}
 RAGGED_SHORT_K_BLOCKS = 16
+# ... and where the groups hold >= RAGGED_LONG_GROUP_MIN_ROWS rows on average over
+# >= RAGGED_LONG_GROUP_MIN_K_BLOCKS K blocks, 192 x 128 tiles of three consumers
+# (3 stages, carried slot and descriptors) ran 1.021-1.026x the 128 x 192 picks at
+# 1 x 32768, 2 x ~16384 and 4 x ~8192 rows (4096x7168; three calls), 0.995x at
+# 8 x ~4096 (a group's boundary cuts a taller tile in two more often); at K = 2048
+# (7168 columns) 0.99-1.007x the 128 x 256 picks (H200 2026-11-28).
+RAGGED_LONG_GROUP_TILES = {**RAGGED_TILES, (192, 128, "m", 3): 0.99}
+RAGGED_LONG_GROUP_MIN_ROWS = 8192
+RAGGED_LONG_GROUP_MIN_K_BLOCKS = 32
 # Masked groups at large M: a loop of K passes around the K loop too, so tiles of
 # one 64-row chunk row per warpgroup (128 x 256 and 256 x 128 ran 2.8-4x slower
 # at K=7168). The ragged efficiencies do not carry over; these are the tiles'
@@ -407,14 +416,19 @@ def tile_key(cfg: HopperConfig) -> tuple:
 
 
 def large_m_tiles(k: int, *, b_scale_rows: int = SCALE_N, row_masks: bool = False,
-                  masked: bool = False) -> dict:
+                  masked: bool = False, group_rows: int | None = None) -> dict:
   """The large-M tile table of a problem: grouped GEMMs and per-row b scales have
-  their own (register pressure; see the tables)."""
+  their own (register pressure; see the tables). group_rows: the mean rows of a
+  ragged problem's groups, where known."""
   if masked:
     return MASKED_TILES
   if row_masks:
-    short = _cdiv(k, K_BLOCK) <= RAGGED_SHORT_K_BLOCKS
-    return RAGGED_SHORT_K_TILES if short else RAGGED_TILES
+    if _cdiv(k, K_BLOCK) <= RAGGED_SHORT_K_BLOCKS:
+      return RAGGED_SHORT_K_TILES
+    if (group_rows is not None and group_rows >= RAGGED_LONG_GROUP_MIN_ROWS
+        and _cdiv(k, K_BLOCK) >= RAGGED_LONG_GROUP_MIN_K_BLOCKS):
+      return RAGGED_LONG_GROUP_TILES
+    return RAGGED_TILES
   if b_scale_rows == 1:
     return PER_ROW_B_TILES
   return LARGE_M_TILES
@@ -755,11 +769,12 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
 def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
                       b_scale_rows: int = SCALE_N, row_masks: bool = False,
                       masked: bool = False, num_sms: int | None = None,
-                      expected_m: int | None = None) -> float:
+                      expected_m: int | None = None, group_rows: int | None = None) -> float:
   """The model's time of cfg at this shape (inf where `unmodelled`; the
   arguments as there). Masked groups at large M: the mean over masked_rows
   (expected_m: the rows a group is expected to hold) of the estimate at that
-  many rows (a tile wholly past masked_m runs no K pass)."""
+  many rows (a tile wholly past masked_m runs no K pass). Ragged groups
+  (row_masks) are one GEMM of m rows; group_rows: their mean rows, where known."""
   num_sms = cfg.num_sms or num_sms or hopper.num_sms()
   if unmodelled(cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks,
                 masked=masked, num_sms=num_sms):
@@ -770,7 +785,7 @@ def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1
                              table) for rows in masked_rows(m, groups, expected_m)]
     return round(sum(times) / len(times), 4)
   table = DECODE_TILES if m <= DECODE_MAX_M else large_m_tiles(
-      k, b_scale_rows=b_scale_rows, row_masks=row_masks)
+      k, b_scale_rows=b_scale_rows, row_masks=row_masks, group_rows=group_rows)
   return _time_us(cfg, m, n, k, groups, num_sms, table)
 
 

@@ -9,7 +9,8 @@ The candidates of a shape, in the cost model's order (the default first):
   of 128-row CTAs sharing their A tile (with two-block steps, one stage more);
   dense GEMMs also tiles whose warpgroups split K (K_SPLIT_DECODE_TILES).
 - larger M: the problem's tile table (hopper_cost.large_m_tiles: dense, ragged
-  groups, masked groups or per-row b scales), with pairs sharing B; 128 x 256 also with a
+  groups (of many rows on average over long K: their own), masked groups or
+  per-row b scales), with pairs sharing B; 128 x 256 also with a
   4-deep ring; 192 x 128 also with a ring holding a short K loop (2..4 blocks); dense
   GEMMs also 256 x 128 tiles in pairs sharing A (hopper_cost.PAIRED_LARGE_M_TILES),
   up to M = 1024 narrow tiles that fill one wave (hopper_cost.MID_M_FORMS), and from
@@ -308,7 +309,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
       out.append(cfg)
   # Ragged groups (row_masks) are one GEMM to the model: its units count no groups.
   ranked = sorted(out, key=_estimate(m, n, k, 1 if row_masks else groups, b_scale_rows,
-                                     row_masks, masked, num_sms, expected_m))
+                                     row_masks, masked, num_sms, expected_m,
+                                     m // groups if row_masks else None))
   return tuple(ranked)
 
 
@@ -317,10 +319,11 @@ def _is_masked(grouped: bool, row_masks: bool) -> bool:
   return grouped and not row_masks
 
 
-def _estimate(m, n, k, groups, b_scale_rows, row_masks, masked, num_sms, expected_m=None):
+def _estimate(m, n, k, groups, b_scale_rows, row_masks, masked, num_sms, expected_m=None,
+              group_rows=None):
   return lambda cfg: hopper_cost.estimated_time_us(
       cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks, masked=masked,
-      num_sms=num_sms, expected_m=expected_m)
+      num_sms=num_sms, expected_m=expected_m, group_rows=group_rows)
 
 
 def _tune_key(m, n, k, out_dtype, c_dtype) -> str:

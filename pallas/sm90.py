@@ -37,7 +37,7 @@ def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype,
   """Grouped rows of a [M, K] times b [G, N, K] (see hopper.ragged_dot)."""
   m, k = a.shape
   cfg = config or hopper_tiling.default_config(m, b.shape[1], k, out_dtype=out_dtype,
-                                               grouped=True, row_masks=True)
+                                               groups=b.shape[0], grouped=True, row_masks=True)
   return hopper.ragged_dot(a, a_scale, b, b_scale, group_sizes, out_dtype=out_dtype, config=cfg)
 
 

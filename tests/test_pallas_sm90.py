@@ -365,14 +365,17 @@ def test_masked_carried_descriptors_are_not_formed_from_slot_addresses(g, cap, n
 
 
 def test_ragged_loops_carry_their_descriptors():
-  """The ragged rules' 128 x 192 tiles (their ring slot carried too) and 256 x 128
-  tiles of two chunks a warpgroup (an explicit config)."""
-  g, m, n, k = 4, 32768, 4096, 7168
-  cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
+  """The ragged rules' 128 x 192 tiles and 192 x 128 tiles of three consumers (their
+  ring slot carried too) and 256 x 128 tiles of two chunks a warpgroup (an explicit
+  config)."""
+  m, n, k = 32768, 4096, 7168
+  cfg = hopper_tiling.default_config(m, n, k, groups=8, grouped=True, row_masks=True)
   assert (cfg.tile_m, cfg.tile_n, cfg.carried_slot) == (128, 192, True)
+  three = hopper_tiling.default_config(m, n, k, groups=4, grouped=True, row_masks=True)
+  assert (three.tile_m, three.tile_n, three.consumers, three.carried_slot) == (192, 128, 3, True)
   wide = dataclasses.replace(cfg, tile_m=256, tile_n=128, producer_registers=72,
                              wide_chunks=False, carried_slot=False)
-  for config in (cfg, wide):
+  for g, config in ((8, cfg), (4, three), (8, wide)):
     _assert_every_wgmma_carried(functools.partial(hopper.ragged_dot, out_dtype=BF16),
                                 _grouped_avals((), m, n, k, g), config)
 
@@ -640,15 +643,20 @@ def _assert_ragged_configs_agree(sizes, n, k, configs):
 @pytest.mark.parametrize("sizes", [[8192] * 4, [8915, 6546, 10707, 6600], [0, 20000, 129, 12639]])
 def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
   """256 x 128 tiles carrying their descriptors (explicit configs), alone and in
-  pairs sharing A (cluster_n=2), compute what the rules' 128 x 192 tiles do, bit
-  for bit (the same block order), groups aligned or not (the contract at the
-  rules' tiles: tests/test_grouped_kernels.py's benchmark shapes)."""
+  pairs sharing A (cluster_n=2), and the rules' 192 x 128 tiles of three consumers
+  (groups of ~8192 rows) compute what the 128 x 192 tiles do, bit for bit (the same
+  block order), groups aligned or not (the contract at the rules' tiles:
+  tests/test_grouped_kernels.py's benchmark shapes)."""
   g, m, n, k = len(sizes), sum(sizes), 4096, 7168
-  cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
-  assert (cfg.tile_m, cfg.tile_n, cfg.carried_slot, cfg.desc_carry) == (128, 192, True, True)
+  cands = hopper_tiling.candidate_configs(m, n, k, groups=g, grouped=True, row_masks=True)
+  three = cands[0]
+  assert (three.tile_m, three.tile_n, three.consumers, three.carried_slot) == (192, 128, 3, True)
+  cfg = next(c for c in cands if (c.tile_m, c.tile_n) == (128, 192))
+  assert cfg.carried_slot and cfg.desc_carry, cfg
   wide = dataclasses.replace(cfg, tile_m=256, tile_n=128, producer_registers=72,
                              wide_chunks=False, carried_slot=False)
-  _assert_ragged_configs_agree(sizes, n, k, (cfg, wide, dataclasses.replace(wide, cluster_n=2)))
+  _assert_ragged_configs_agree(sizes, n, k,
+                               (cfg, three, wide, dataclasses.replace(wide, cluster_n=2)))
 
 
 @requires_gpu(major=9)

@@ -39,8 +39,8 @@ def h100(monkeypatch):
 
 
 def _kind(kind: str) -> dict:
-  if kind == "ragged":
-    return dict(grouped=True, row_masks=True)
+  if kind.startswith("ragged x"):
+    return dict(groups=int(kind[len("ragged x"):]), grouped=True, row_masks=True)
   if kind.startswith("masked x"):
     return dict(groups=int(kind[len("masked x"):]), grouped=True)
   if kind == "per-row b":
@@ -152,8 +152,12 @@ FROZEN_PICKS = [
     # the scales read once the first WGMMA is issued since 2026-11-27 (+0.3-1.0%); the
     # ring slot and the WGMMA descriptors carried since 2026-11-28 ~17:30 (H200: 1.00-1.025x
     # the 256 x 128 tiles a rule took from ~14:48)
-    (32768, 4096, 7168, 'ragged', {'128x192m2 s3 e64 on wide tma ov dc cs': 'bf16',
-                                   '128x192m2 s3 e32 on wide tma ov dc cs': 'f32'}),
+    (32768, 4096, 7168, 'ragged x8', {'128x192m2 s3 e64 on wide tma ov dc cs': 'bf16',
+                                      '128x192m2 s3 e32 on wide tma ov dc cs': 'f32'}),
+    # groups of >= 8192 rows on average over long K loops: 192 x 128 tiles of three
+    # consumers since 2026-11-28 ~22:10 (H200: 1.021-1.026x at 1-4 groups)
+    (32768, 4096, 7168, 'ragged x4', {'192x128m3 s3 e64 on tma ov dc cs': 'bf16',
+                                      '192x128m3 s3 e32 on tma ov dc cs': 'f32'}),
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
     # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M; 128 x 160
     # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100); 192 x 128
@@ -166,7 +170,7 @@ FROZEN_PICKS = [
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
                                     '64x256n2 s3 e32 om sep': 'f32'}),
     # 2026-11-26: 128 x 256 split by columns (192 x 128 before), 0.4-2.9% faster
-    (32768, 7168, 2048, 'ragged', {'128x256n2 s3 e64 on p72 tma': 'bf16',
+    (32768, 7168, 2048, 'ragged x4', {'128x256n2 s3 e64 on p72 tma': 'bf16',
                                    '128x256n2 s3 e32 on p72 tma': 'f32'}),
     (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on dc': 'bf16',
                                      '192x128m3 s3 e32 on dc': 'f32'}),
@@ -205,7 +209,7 @@ def _frozen_cases():
 
 def test_frozen_picks():
   cases = list(_frozen_cases())
-  assert len(cases) == 18 * 6 + 2 * 2 * 5 + 8 + 8
+  assert len(cases) == 18 * 6 + 2 * 2 * 5 + 8 + 8 + 2
   wrong = []
   for m, n, k, kw, spec in cases:
     got = hopper_tiling.default_config(m, n, k, **kw)
@@ -228,11 +232,14 @@ def _shapes():
 
 def test_default_is_the_cheapest_candidate():
   for m, n, k, kw in _shapes():
+    groups, row_masks = kw.get("groups", 1), kw.get("row_masks", False)
+
     def estimate(cfg):
+      # Ragged groups are one GEMM of m rows to the model, told their mean rows.
       return hopper_cost.estimated_time_us(
-          cfg, m, n, k, kw.get("groups", 1), b_scale_rows=kw.get("b_scale_rows", 128),
-          row_masks=kw.get("row_masks", False),
-          masked=kw.get("grouped", False) and not kw.get("row_masks", False))
+          cfg, m, n, k, 1 if row_masks else groups, b_scale_rows=kw.get("b_scale_rows", 128),
+          row_masks=row_masks, masked=kw.get("grouped", False) and not row_masks,
+          group_rows=m // groups if row_masks else None)
     cands = hopper_tiling.candidate_configs(m, n, k, **kw)
     default = hopper_tiling.default_config(m, n, k, **kw)
     assert default in cands and cands[0] == default, (m, n, k, kw)
@@ -796,12 +803,35 @@ def test_ragged_two_chunk_tiles():
           two_chunks and k <= 128 * hopper_cost.RAGGED_SHORT_K_BLOCKS), (m, n, k, cfg)
 
 
+def test_ragged_long_groups_take_three_consumers():
+  """Ragged groups of >= 8192 rows on average over long K loops take 192 x 128
+  tiles of three consumers (H200 2026-11-28: 1.021-1.026x the 128 x 192 tiles at 1 x
+  32768, 2 x ~16384, 4 x ~8192 of 4096 x 7168; 0.995x at 8 x ~4096; at K = 2048
+  0.99-1.007x the 128 x 256 tiles): the rows per group, not M, decide."""
+  def tile(m, n, k, g):
+    cfg = hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True)
+    return cfg.tile_m, cfg.tile_n, cfg.consumers, cfg.stages, cfg.carried_slot, cfg.desc_carry
+  three = (192, 128, 3, 3, True, True)
+  for g in (1, 2, 4):
+    assert tile(32768, 4096, 7168, g) == three, g
+  assert tile(65536, 4096, 7168, 8) == three
+  assert tile(32768, 4096, 7168, 8)[:3] == (128, 192, 2)
+  assert tile(32768, 4096, 4096, 4) == three
+  assert tile(32768, 4096, 3968, 4)[:3] == (128, 192, 2)   # 31 K blocks: not measured
+  assert tile(32768, 7168, 2048, 4)[:3] == (128, 256, 2)   # short K: its own table
+  assert (hopper_cost.large_m_tiles(7168, row_masks=True, group_rows=8192)
+          is hopper_cost.RAGGED_LONG_GROUP_TILES)
+  assert (hopper_cost.large_m_tiles(7168, row_masks=True, group_rows=8191)
+          is hopper_cost.RAGGED_TILES)
+  assert hopper_cost.large_m_tiles(7168, row_masks=True) is hopper_cost.RAGGED_TILES
+
+
 def test_ragged_slot_carried_with_one_chunk_a_warpgroup():
   """Ragged K loops carry their ring slot where each consumer warpgroup holds one
   WGMMA chunk (H200 2026-11-28: 128 x 192 +0.8-1.4%, 128 x 128 +2.4-2.8%), and
   their WGMMA descriptors with it (+0.7-1.0% more), not with two (256 x 128,
   128 x 256: 3.4-4.2x slower); dense loops carry it whatever the field says, masked
-  ones never take it. Groups of many rows at 4096 x 7168 take these 128 x 192 tiles
+  ones never take it. Groups of ~4096 rows at 4096 x 7168 take these 128 x 192 tiles
   too (1.00-1.025x the 256 x 128 tiles a rule took there before); at K = 2048 the
   128 x 256 tiles split by columns stay (128 x 192 carrying both ran 0.98x)."""
   for g, rows, n, k in ((16, 2048, 4096, 7168), (64, 512, 4096, 7168), (8, 256, 4096, 7168),
@@ -810,7 +840,7 @@ def test_ragged_slot_carried_with_one_chunk_a_warpgroup():
     cfg = hopper_tiling.default_config(g * rows, n, k, groups=g, grouped=True, row_masks=True)
     assert cfg.chunks_per_warpgroup() == 1 and cfg.carried_slot and cfg.desc_carry, (
         g, rows, n, k, cfg)
-  for g in (2, 4, 8):
+  for g in (8, 16):
     cfg = hopper_tiling.default_config(32768, 4096, 7168, groups=g, grouped=True, row_masks=True)
     assert (cfg.tile_m, cfg.tile_n, cfg.wg_split) == (128, 192, "m"), (g, cfg)
   for g, rows, n, k in ((4, 8192, 7168, 2048), (16, 2048, 7168, 2048)):

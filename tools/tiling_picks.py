@@ -41,7 +41,9 @@ def required():
     yield m, n, k, name, dict(out_dtype=out, c_dtype=c)
   for (n, k), out in itertools.product(((4096, 7168), (7168, 2048)), ("bf16", "f32")):
     dt = OUT_C[out][0]
-    yield 32768, n, k, f"{out} ragged", dict(out_dtype=dt, grouped=True, row_masks=True)
+    for g in (4, 8):
+      yield 32768, n, k, f"{out} ragged x{g}", dict(out_dtype=dt, groups=g, grouped=True,
+                                                     row_masks=True)
     for g, rows in ((1, 1024), (2, 512), (4, 256), (32, 64)):
       yield rows, n, k, f"{out} masked x{g}", dict(out_dtype=dt, groups=g, grouped=True)
   for (m, n), k, out in itertools.product(((7168, 18432), (18432, 7168)), (4096, 16384),
