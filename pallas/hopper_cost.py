@@ -256,7 +256,10 @@ DENSE_DEEPER_RING_MIN_K_BLOCKS = 32
 # 512, 1.045 at 4 x 1024 7168x7168, 1.015 at 8 x 384; 4 stages of scales from GMEM ran
 # 0.95x (H200 2026-11-28). Where the model picks other tiles it stays behind them
 # (0.97x 128 x 160 at 2 x ~512; over 16 K blocks 0.91x 128 x 192 at 4 x ~256).
-MASKED_DEEPER_RING_TILES = ((192, 128, "m", 3),)
+# 128 x 160 tiles (live-first, scales from GMEM) in 5 stages against 4: 1.009, 1.013
+# and 1.011x at 2 x ~512 4096x7168 (three sessions' fills; 6 stages 1.008 / 1.014x).
+# Tile -> whether its deeper ring brings the scales too.
+MASKED_DEEPER_RING_TILES = {(192, 128, "m", 3): True, (128, 160, "m", 2): False}
 # The masked GEMMs' row counts (masked_m) are known on the device only: their
 # estimate averages over MASKED_DRAWS fills, each group's rows spread evenly
 # over half its capacity M to all of it, independently of the other groups'
@@ -610,8 +613,8 @@ def takes_deeper_ring(tile: tuple, m: int, k: int, *, row_masks: bool, b_scale_r
 def deeper_ring_scales_in_ring(tile: tuple, *, masked: bool) -> bool:
   """Whether a tile that takes its deeper ring (takes_deeper_ring) has the ring
   bring the scales where the M rule (tma_scales_pay) would not: masked
-  MASKED_DEEPER_RING_TILES (measured only so)."""
-  return masked and tile in MASKED_DEEPER_RING_TILES
+  MASKED_DEEPER_RING_TILES that were measured so."""
+  return masked and MASKED_DEEPER_RING_TILES.get(tile, False)
 
 
 def deeper_ring(cfg: HopperConfig) -> bool:

@@ -166,7 +166,8 @@ FROZEN_PICKS = [
                                      '192x128m3 s4 e32 on tma ov dc': 'f32'}),
     (512, 4096, 7168, 'masked x2', {'192x128m3 s4 e64 om tma ov dc': 'bf16',
                                     '192x128m3 s4 e32 om tma ov dc': 'f32'}),
-    (256, 4096, 7168, 'masked x4', {'128x160m2 s4 e32 om wide lf dc': 'bf16 f32'}),
+    # 128 x 160 over long K loops in 5 stages since 2026-11-28 ~22:30 (H200: 1.009-1.013x)
+    (256, 4096, 7168, 'masked x4', {'128x160m2 s5 e32 om wide lf dc': 'bf16 f32'}),
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
                                     '64x256n2 s3 e32 om sep': 'f32'}),
     # 2026-11-26: 128 x 256 split by columns (192 x 128 before), 0.4-2.9% faster
@@ -783,6 +784,25 @@ def test_three_consumer_tiles_over_long_k_loops():
   assert not hopper_cost.takes_deeper_ring((192, 128, "m", 3), 1024, 7168, row_masks=False,
                                            b_scale_rows=128, masked=False)
   assert not three(hopper_tiling.default_config(768, 4096, 7168))
+
+
+def test_masked_128x160_tiles_take_five_stages_over_long_k_loops():
+  """Masked 128 x 160 tiles (live-first, scales from GMEM) take a ring of 5 over
+  long K loops (H200 2026-11-28: 1.009-1.013x the 4 stages at 2 x ~512 4096x7168),
+  RING_BYTES' 4 over short ones; dense ones keep RING_BYTES' ring."""
+  long_k = hopper_tiling.default_config(768, 4096, 7168, groups=2, grouped=True,
+                                        expected_m=512)
+  assert (long_k.tile_m, long_k.tile_n, long_k.live_first) == (128, 160, True), long_k
+  assert long_k.stages == 5 and not long_k.tma_scales and hopper_cost.deeper_ring(long_k)
+  for t in (128, 160, "m", 2), (192, 128, "m", 3):
+    assert hopper_cost.takes_deeper_ring(t, 768, 7168, row_masks=False, b_scale_rows=128,
+                                         masked=True)
+  assert not hopper_cost.takes_deeper_ring((128, 160, "m", 2), 768, 2048, row_masks=False,
+                                           b_scale_rows=128, masked=True)
+  assert not hopper_cost.takes_deeper_ring((128, 160, "m", 2), 4096, 7168, row_masks=False,
+                                           b_scale_rows=128, masked=False)
+  short_k = hopper_tiling.default_config(512, 7168, 2048, groups=2, grouped=True)
+  assert (short_k.tile_m, short_k.tile_n, short_k.stages) == (128, 160, 4), short_k
 
 
 def test_ragged_two_chunk_tiles():
