@@ -602,7 +602,7 @@ def takes_deeper_ring(tile: tuple, m: int, k: int, *, row_masks: bool, b_scale_r
   stage past RING_BYTES (DEEPER_RING_TILES: dense and masked 128x128-scaled GEMMs;
   DENSE_DEEPER_RING_TILES: dense ones over long K loops whose ring brings the
   scales, as measured; MASKED_DEEPER_RING_TILES: masked ones over those loops,
-  the ring then bringing the scales too, deeper_ring_scales_in_ring)."""
+  the ring bringing the scales too where measured so, deeper_ring_scales_in_ring)."""
   long_k = _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS
   deeper = tile in DEEPER_RING_TILES or (long_k and (
       (tile in DENSE_DEEPER_RING_TILES and not masked and m >= TMA_SCALES_MIN_M)
