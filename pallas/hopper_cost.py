@@ -647,17 +647,25 @@ def _past_ring_bytes(cfg: HopperConfig) -> bool:
   return cfg.stages > ring_stages(cfg) + (cfg.cluster_n > 1 and cfg.k_step > 1)
 
 
+def _gemms_and_group_rows(m: int, groups: int, row_masks: bool) -> tuple[int, int | None]:
+  """(GEMMs side by side, the rows a ragged group holds on average): ragged groups
+  (row_masks) are one GEMM of m rows to the model (its units count no groups)."""
+  return (1, m // groups) if row_masks else (groups, None)
+
+
 def unmodelled(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
                b_scale_rows: int = SCALE_N, row_masks: bool = False, masked: bool = False,
                num_sms: int | None = None) -> str | None:
   """Why the model has no estimate for cfg (autotuning still times it), or None.
-  groups: GEMMs of this shape side by side; b_scale_rows=1: per-row b scales;
-  row_masks: ragged groups; masked: masked groups of capacity m; num_sms: the
-  device's, if cfg does not say."""
+  groups: GEMMs of this shape side by side, or with row_masks the ragged groups
+  of one; b_scale_rows=1: per-row b scales; row_masks: ragged groups; masked:
+  masked groups of capacity m; num_sms: the device's, if cfg does not say."""
+  groups, group_rows = _gemms_and_group_rows(m, groups, row_masks)
   decode = m <= DECODE_MAX_M
   one_wave = units(cfg, m, n, groups) <= grid(cfg, m, n, groups, num_sms)
   table = DECODE_TILES if decode else large_m_tiles(k, b_scale_rows=b_scale_rows,
-                                                    row_masks=row_masks, masked=masked)
+                                                    row_masks=row_masks, masked=masked,
+                                                    group_rows=group_rows)
   paired = paired_large_m(cfg, m, k, table)
   if not decode and in_mid_m_form(cfg):
     if not (mid_m_form(cfg, m, k, table) and one_wave):
@@ -772,16 +780,16 @@ def _large_m_unit_us(cfg, m, k, chained, table, one_wave=False) -> float:
 def estimated_time_us(cfg: HopperConfig, m: int, n: int, k: int, groups: int = 1, *,
                       b_scale_rows: int = SCALE_N, row_masks: bool = False,
                       masked: bool = False, num_sms: int | None = None,
-                      expected_m: int | None = None, group_rows: int | None = None) -> float:
+                      expected_m: int | None = None) -> float:
   """The model's time of cfg at this shape (inf where `unmodelled`; the
   arguments as there). Masked groups at large M: the mean over masked_rows
   (expected_m: the rows a group is expected to hold) of the estimate at that
-  many rows (a tile wholly past masked_m runs no K pass). Ragged groups
-  (row_masks) are one GEMM of m rows; group_rows: their mean rows, where known."""
+  many rows (a tile wholly past masked_m runs no K pass)."""
   num_sms = cfg.num_sms or num_sms or hopper.num_sms()
   if unmodelled(cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks,
                 masked=masked, num_sms=num_sms):
     return math.inf
+  groups, group_rows = _gemms_and_group_rows(m, groups, row_masks)
   if masked and m > DECODE_MAX_M:
     table = large_m_tiles(k, masked=True)
     times = [_masked_time_us(cfg, [max(DECODE_MAX_M + 1, r) for r in rows], n, k, num_sms,

@@ -307,10 +307,8 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     if cfg.smem_bytes(out_dtype, c_dtype, row_masks) <= SMEM_BYTES and cfg not in seen:
       seen.add(cfg)
       out.append(cfg)
-  # Ragged groups (row_masks) are one GEMM to the model: its units count no groups.
-  ranked = sorted(out, key=_estimate(m, n, k, 1 if row_masks else groups, b_scale_rows,
-                                     row_masks, masked, num_sms, expected_m,
-                                     m // groups if row_masks else None))
+  ranked = sorted(out, key=_estimate(m, n, k, groups, b_scale_rows, row_masks, masked,
+                                     num_sms, expected_m))
   return tuple(ranked)
 
 
@@ -319,11 +317,10 @@ def _is_masked(grouped: bool, row_masks: bool) -> bool:
   return grouped and not row_masks
 
 
-def _estimate(m, n, k, groups, b_scale_rows, row_masks, masked, num_sms, expected_m=None,
-              group_rows=None):
+def _estimate(m, n, k, groups, b_scale_rows, row_masks, masked, num_sms, expected_m=None):
   return lambda cfg: hopper_cost.estimated_time_us(
       cfg, m, n, k, groups, b_scale_rows=b_scale_rows, row_masks=row_masks, masked=masked,
-      num_sms=num_sms, expected_m=expected_m, group_rows=group_rows)
+      num_sms=num_sms, expected_m=expected_m)
 
 
 def _tune_key(m, n, k, out_dtype, c_dtype) -> str:

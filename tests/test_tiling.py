@@ -233,14 +233,12 @@ def _shapes():
 
 def test_default_is_the_cheapest_candidate():
   for m, n, k, kw in _shapes():
-    groups, row_masks = kw.get("groups", 1), kw.get("row_masks", False)
+    row_masks = kw.get("row_masks", False)
 
     def estimate(cfg):
-      # Ragged groups are one GEMM of m rows to the model, told their mean rows.
       return hopper_cost.estimated_time_us(
-          cfg, m, n, k, 1 if row_masks else groups, b_scale_rows=kw.get("b_scale_rows", 128),
-          row_masks=row_masks, masked=kw.get("grouped", False) and not row_masks,
-          group_rows=m // groups if row_masks else None)
+          cfg, m, n, k, kw.get("groups", 1), b_scale_rows=kw.get("b_scale_rows", 128),
+          row_masks=row_masks, masked=kw.get("grouped", False) and not row_masks)
     cands = hopper_tiling.candidate_configs(m, n, k, **kw)
     default = hopper_tiling.default_config(m, n, k, **kw)
     assert default in cands and cands[0] == default, (m, n, k, kw)
