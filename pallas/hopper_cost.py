@@ -225,12 +225,19 @@ MASKED_TILES = {(192, 128, "m", 3): 1.0, (128, 192, "m", 2): 0.96, (128, 160, "m
 # ... of which these walk the groups' live tiles first (HopperConfig.live_first),
 # so that the estimate's even share of the live tiles among the CTAs holds:
 # under the plain walk 128 x 160 tiles at 1 x 1408 took a third wave where two
-# held every live tile. The 192 x 128 tiles' plain walk is balanced at these
-# fills and 1-4% faster than the live-first one (H100, 2026-11-26).
-MASKED_LIVE_FIRST_TILES = ((128, 192, "m", 2), (128, 160, "m", 2))
+# held every live tile. The plain walk deals 192 x 128 tiles unevenly too at most
+# capacities (a CTA's units a multiple of 132 apart fall in the same row tile
+# where the row tiles divide 132 or its band of 8 column tiles): live-first they
+# ran 1.09-1.45x faster on the mean of random fills at 1 x 1024, 1 x 1152,
+# 1 x 1408 (expected 1024), 4 x 512 7168x2048, 2 x 2048 and 8 x 512 (up to 1.66x
+# at one fill), 0.97-1.01x at fills the plain walk happens to balance (H200,
+# 2026-11-29).
+MASKED_LIVE_FIRST_TILES = ((128, 192, "m", 2), (128, 160, "m", 2), (192, 128, "m", 3))
 # The live-first walk scans the groups' row counts, unrolled, for every tile:
-# up to this many groups (beyond, these tiles are not candidates).
+# up to this many groups. Beyond, tiles the estimate also takes walked plainly
+# (MASKED_PLAIN_WALK_TILES) walk so, the others are not candidates.
 MASKED_LIVE_FIRST_MAX_GROUPS = 16
+MASKED_PLAIN_WALK_TILES = ((192, 128, "m", 3),)
 # Masked wide tiles stage no a-scale windows (within +-1% at 4 x 256 and 4 x 384
 # 7168x2048; 128 x 160 3% slower with them).
 # These tiles take a ring one stage past RING_BYTES, masked and dense (the
@@ -316,8 +323,8 @@ def sparse_fill(m: int, expected_m: int | None, groups: int) -> bool:
   capacity m: every tiling then walks the groups' live tiles first (up to
   MASKED_LIVE_FIRST_MAX_GROUPS groups), as the plain walk deals them unevenly
   (192 x 128 tiles 1.21-1.64x faster live-first with 2-10% of the capacity
-  filled; at fills of half the capacity and more their plain walk is balanced
-  and 1-4% faster; between, not measured). A capacity of at most DECODE_MAX_M
+  filled; they walk live-first at any fill now: MASKED_LIVE_FIRST_TILES). A
+  capacity of at most DECODE_MAX_M
   rows is one row tile of the decode tiles: no walk to mend."""
   return (expected_m is not None and groups <= MASKED_LIVE_FIRST_MAX_GROUPS
           and m > DECODE_MAX_M and EXPECTED_SPREAD[1] * expected_m <= m / 4)

@@ -291,7 +291,9 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     if grouped and not _grouped_allows(cfg):
       continue
     if cfg.live_first and groups > hopper_cost.MASKED_LIVE_FIRST_MAX_GROUPS:
-      continue
+      if key not in hopper_cost.MASKED_PLAIN_WALK_TILES:
+        continue
+      cfg = dataclasses.replace(cfg, live_first=False)
     cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype, exact_rows=row_masks))
     stages = fields.get("stages", ring_stages(cfg) + deeper)
     # Ragged groups (row_masks) store cut tiles row-exactly: one more buffer.

@@ -334,6 +334,28 @@ def test_masked_live_first_walk(masked_m, tile_m, n_tiles, cluster_m):
     assert int(sched.steps(cta, 3, 7)) == 7 * sum(passes[cta::3])
 
 
+@pytest.mark.parametrize("capacity,rows", [(1152, 610), (1408, 719), (2048, 1065)])
+def test_masked_live_first_walk_balances_the_waves(capacity, rows):
+  """Why masked 192 x 128 tiles walk live-first (hopper_cost.MASKED_LIVE_FIRST_TILES):
+  dealt round robin to 132 CTAs, the plain walk gives some CTA more live tiles than
+  the live tiles' even share (at 1152 rows of capacity the 6 row tiles divide 132, so
+  a CTA's units all lie in one row tile: those below masked_m get two live tiles, two
+  waves where one holds them all); the live-first walk gives each its share."""
+  from jax_fp8.pallas import scheduler
+
+  def most_live_tiles(live_first):
+    sched = scheduler.MaskedScheduler(m=capacity, n=4096, tile_m=192, tile_n=128, groups=1,
+                                      masked_m=jnp.asarray([rows], jnp.int32),
+                                      live_first=live_first)
+    live = np.asarray(jax.vmap(lambda u: sched.tile(u, jnp.int32(0)).passes)(
+        jnp.arange(sched.num_units, dtype=jnp.int32)))
+    return max(int(live[cta::132].sum()) for cta in range(132)), int(live.sum())
+  plain, live_tiles = most_live_tiles(False)
+  balanced, same = most_live_tiles(True)
+  assert same == live_tiles == -(-rows // 192) * 32
+  assert balanced == -(-live_tiles // 132) < plain
+
+
 def _quantize_1x128_model(x, power_of_two):
   """The quantisation decisions in numpy (tests/test_quantize_kernels.py's model):
   (q as float32, scales)."""

@@ -161,11 +161,12 @@ FROZEN_PICKS = [
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
     # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M; 128 x 160
     # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100); 192 x 128
-    # in 4 stages with the scales in the ring since 2026-11-28 ~19:50 (H200: 1.025-1.03x)
-    (1024, 4096, 7168, 'masked x1', {'192x128m3 s4 e64 on tma ov dc': 'bf16',
-                                     '192x128m3 s4 e32 on tma ov dc': 'f32'}),
-    (512, 4096, 7168, 'masked x2', {'192x128m3 s4 e64 om tma ov dc': 'bf16',
-                                    '192x128m3 s4 e32 om tma ov dc': 'f32'}),
+    # in 4 stages with the scales in the ring since 2026-11-28 ~19:50 (H200: 1.025-1.03x),
+    # walked live-first since 2026-11-29 (H200: 1.09-1.45x on the mean of random fills)
+    (1024, 4096, 7168, 'masked x1', {'192x128m3 s4 e64 on tma ov dc lf': 'bf16',
+                                     '192x128m3 s4 e32 on tma ov dc lf': 'f32'}),
+    (512, 4096, 7168, 'masked x2', {'192x128m3 s4 e64 om tma ov dc lf': 'bf16',
+                                    '192x128m3 s4 e32 om tma ov dc lf': 'f32'}),
     # 128 x 160 over long K loops in 5 stages since 2026-11-28 ~22:30 (H200: 1.009-1.013x)
     (256, 4096, 7168, 'masked x4', {'128x160m2 s5 e32 om wide lf dc': 'bf16 f32'}),
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
@@ -173,8 +174,8 @@ FROZEN_PICKS = [
     # 2026-11-26: 128 x 256 split by columns (192 x 128 before), 0.4-2.9% faster
     (32768, 7168, 2048, 'ragged x4', {'128x256n2 s3 e64 on p72 tma': 'bf16',
                                    '128x256n2 s3 e32 on p72 tma': 'f32'}),
-    (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on dc': 'bf16',
-                                     '192x128m3 s3 e32 on dc': 'f32'}),
+    (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on dc lf': 'bf16',
+                                     '192x128m3 s3 e32 on dc lf': 'f32'}),
     (512, 7168, 2048, 'masked x2', {'128x160m2 s4 e32 om wide lf dc': 'bf16 f32'}),
     (256, 7168, 2048, 'masked x4', {'128x160m2 s4 e32 om wide lf dc': 'bf16 f32'}),
     (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
@@ -905,6 +906,9 @@ def test_masked_walk_and_fills():
   many = hopper_cost.MASKED_LIVE_FIRST_MAX_GROUPS + 1
   assert not any(c.live_first for c in hopper_tiling.candidate_configs(
       256, 7168, 2048, groups=many, grouped=True))
+  # ... and tiles that may walk plainly stay candidates there (walking so).
+  assert {hopper_cost.tile_key(c) for c in hopper_tiling.candidate_configs(
+      1408, 4096, 7168, groups=many, grouped=True)} >= set(hopper_cost.MASKED_PLAIN_WALK_TILES)
   # Dense and ragged configs never take the masked walk.
   assert not hopper_tiling.default_config(4096, 4096, 7168).live_first
   assert not hopper_tiling.default_config(32768, 4096, 7168, groups=8, grouped=True,
@@ -925,20 +929,21 @@ def test_masked_walk_and_fills():
 
 # (groups, capacity, expected_m, N, K) -> (the pick without the hint, with it,
 # whether that walks live-first): the tiles of the expected fills' capacity (decode
-# fills: of 128 rows, up to 16 groups), live-first at fills of at most a quarter of M.
+# fills: of 128 rows, up to 16 groups), live-first at fills of at most a quarter of M
+# and 192 x 128 tiles at any fill (up to 16 groups).
 MASKED_HINTED_PICKS = [
     ((2, 768, 512, 4096, 7168), ((192, 128), (128, 160), True)),
     ((8, 2048, 256, 4096, 7168), ((192, 128), (128, 160), True)),
     ((4, 2048, 256, 7168, 2048), ((192, 128), (128, 192), True)),
-    ((1, 1408, 1024, 4096, 7168), ((192, 128), (192, 128), False)),
-    ((2, 4096, 1024, 4096, 7168), ((192, 128), (192, 128), False)),   # fills past M / 4
+    ((1, 1408, 1024, 4096, 7168), ((192, 128), (192, 128), True)),
+    ((2, 4096, 1024, 4096, 7168), ((192, 128), (192, 128), True)),    # fills past M / 4
     ((4, 4096, 100, 4096, 7168), ((192, 128), (192, 128), True)),     # 130 rows: large M
     ((8, 2048, 64, 4096, 7168), ((192, 128), (128, 256), True)),      # decode fills
     ((16, 2048, 32, 7168, 2048), ((192, 128), (128, 256), True)),
     ((32, 4096, 32, 7168, 2048), ((192, 128), (192, 128), False)),    # 32 groups: no walk
     ((32, 128, 64, 4096, 7168), ((128, 256), (128, 256), False)),     # decode capacity
     ((8, 128, 20, 4096, 7168), ((128, 256), (128, 256), False)),      # ... one row tile
-    ((8, 256, 64, 4096, 7168), ((192, 128), (192, 128), False)),      # decode fills, not sparse
+    ((8, 256, 64, 4096, 7168), ((192, 128), (192, 128), True)),       # decode fills, not sparse
 ]
 
 
