@@ -181,15 +181,11 @@ FROZEN_PICKS = [
     (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
                                     '64x256n2 s3 e64 om sep': 'f32'}),
     # per-row b: warpgroups one above the other since the scales came by TMA (+13%),
-    # a 5-deep ring (+3-8%)
-    (7168, 18432, 4096, 'per-row b', {'128x128m2 s5 e64 on tma': 'bf16',
-                                      '128x128m2 s5 e32 on tma': 'f32'}),
-    (7168, 18432, 16384, 'per-row b', {'128x128m2 s5 e64 on tma': 'bf16',
-                                       '128x128m2 s5 e32 on tma': 'f32'}),
-    (18432, 7168, 4096, 'per-row b', {'128x128m2 s5 e64 on tma': 'bf16',
-                                      '128x128m2 s5 e32 on tma': 'f32'}),
-    (18432, 7168, 16384, 'per-row b', {'128x128m2 s5 e64 on tma': 'bf16',
-                                       '128x128m2 s5 e32 on tma': 'f32'}),
+    # a 5-deep ring (+3-8%); 128 x 160 since 2026-11-29 (H200, f32 out: 1.004-1.067x)
+    (7168, 18432, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
+    (7168, 18432, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
+    (18432, 7168, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
+    (18432, 7168, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
     (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
                              '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
     (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
@@ -331,11 +327,19 @@ def test_cost_model_terms():
   assert est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
   assert est(deep, 4096, 4096, 7168) > est(three, 4096, 4096, 7168)
   assert hopper_tiling.default_config(384, 32768, 16384).stages == 4  # (no tma_scales)
-  # Per-row b scales in the ring: 128 x 128 tiles 5 deep (past RING_BYTES); 4 with
-  # the scales from GMEM.
+  # Per-row b scales in the ring: 128 x 160 tiles (wide chunks) 5 deep (past
+  # RING_BYTES), and so 128 x 128 ones where they win; 4 with the scales from GMEM,
+  # where 128 x 160 tiles are not modelled (not measured so).
   per_row = hopper_tiling.default_config(7168, 18432, 4096, b_scale_rows=1)
-  assert (per_row.tile_m, per_row.tile_n, per_row.stages, per_row.tma_scales) == (128, 128, 5, True)
-  assert hopper_tiling.default_config(1024, 18432, 4096, b_scale_rows=1).stages == 4
+  assert (per_row.tile_m, per_row.tile_n, per_row.stages, per_row.tma_scales,
+          per_row.wide_chunks) == (128, 160, 5, True, True)
+  narrow = dataclasses.replace(per_row, tile_n=128, wide_chunks=False)
+  assert est(dataclasses.replace(narrow, stages=4), 7168, 7168, 4096, b_scale_rows=1) > est(
+      narrow, 7168, 7168, 4096, b_scale_rows=1)
+  gmem = hopper_tiling.default_config(1024, 18432, 4096, b_scale_rows=1)
+  assert (gmem.tile_n, gmem.stages, gmem.tma_scales) == (128, 4, False)
+  assert "GMEM" in hopper_cost.unmodelled(dataclasses.replace(per_row, tma_scales=False),
+                                          1024, 18432, 4096, b_scale_rows=1)
   # Tiles the model has no measurement for are left to autotuning.
   odd = hopper.HopperConfig(tile_m=256, tile_n=128, wg_split="m")
   assert "measurement" in hopper_cost.unmodelled(odd, 4096, 4096, 4096)

@@ -6,7 +6,7 @@ operands rotated past the L2, every output checked against the contract). On the
         --variants="cluster_m=2; stages=4; tile_n=256,wg_split=n,wide_chunks=False"
 
 --per_row_b times the weight gradient's recipe instead (one b scale per row of b,
-float32 output), as `tools/compare_configs.py --per_row_b --shapes=7168x18432x4096
+float32 output unless --out_dtype says), as `tools/compare_configs.py --per_row_b --shapes=7168x18432x4096
 --variants="stages=5"`. --out_dtype=float32 and --c_dtype=bfloat16|float32 time those
 outputs and residuals of the dense recipe.
 
@@ -74,9 +74,10 @@ def main(argv=None) -> int:
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--per_row_b", action="store_true",
-                 help="per-row b scales (the weight gradient's recipe), float32 output")
-  p.add_argument("--out_dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                 help="the output dtype (without --per_row_b)")
+                 help="per-row b scales (the weight gradient's recipe), float32 output "
+                      "unless --out_dtype says")
+  p.add_argument("--out_dtype", default=None, choices=("bfloat16", "float32"),
+                 help="the output dtype (bfloat16; float32 with --per_row_b)")
   p.add_argument("--c_dtype", default=None, choices=("bfloat16", "float32"),
                  help="a residual c of this dtype (beta = 1)")
   args = p.parse_args(argv)
@@ -89,8 +90,8 @@ def main(argv=None) -> int:
   variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
   for shape in args.shapes.split(","):
     m, n, k = (int(x) for x in shape.lower().split("x"))
-    kw = ({"out_dtype": jnp.dtype(jnp.float32), "b_scale_rows": 1} if args.per_row_b
-          else {"out_dtype": jnp.dtype(args.out_dtype)})
+    out_dtype = args.out_dtype or ("float32" if args.per_row_b else "bfloat16")
+    kw = {"out_dtype": jnp.dtype(out_dtype), **({"b_scale_rows": 1} if args.per_row_b else {})}
     if args.c_dtype:
       kw["c_dtype"] = jnp.dtype(args.c_dtype)
     base = hopper_tiling.default_config(m, n, k, **kw)
