@@ -1,0 +1,174 @@
+"""The ceiling of a K step's shape: how fast consumer warpgroups run the Hopper
+kernel's K step (a 64 x N x 128 FP8 WGMMA from SMEM, its wait, the promotion's FFMA
+into a carried float32 sum) with nothing else in the kernel, alone and beside a
+warpgroup streaming TMA copies into other SMEM at the rate of that tile's ring fill
+((rows + cols) x 128 bytes a K step). On the GPU machine (--lower: CPU, CUDA
+lowering only).
+
+    python3 tools/wgmma_probe.py --cases=3x128,2x160,2x128x2 [--steps=4000]
+    python3 tools/wgmma_probe.py --cases=2x128x2 --a_in_registers
+
+A case is WxN[xC]: W consumer warpgroups, each a 64-row chunk row of C chunks of N
+columns (a tile of 64 W x N C); 3x128 is the 192 x 128 tile of three consumers,
+2x128x2 the 128 x 256 tile of two. Prints TFLOP/s alone and with the ring's fill
+(and the fill's bytes per second); benchmarks/RESULTS.md 2026-11-29 has a table.
+Timing: the median of 7 calls' wall time after a warm-up (a call runs ~2 ms on
+132 CTAs), every output checked for NaN. Not the kernel's real K loop: no ring
+barriers, scale reads or epilogue.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+WRITER_ROWS = 320  # one writer copy: 320 x 128 FP8 (40 KB)
+WRITER_SLOTS = 4   # copies in flight
+
+
+def parse_case(text: str) -> tuple[int, int, int]:
+  """'2x128x2' -> (warpgroups 2, columns 128, chunks 2); chunks default to 1."""
+  parts = text.lower().split("x")
+  if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise ValueError(f"a case is WxN[xC] of positive integers, got {text!r}")
+  w, n, c = (int(p) for p in parts + ["1"] * (3 - len(parts)))
+  if not 1 <= w <= 3 or n % 8 or n > 256:
+    raise ValueError(f"{text!r}: 1-3 warpgroups, N a multiple of 8 up to 256")
+  return w, n, c
+
+
+def fill_copies(w: int, n: int, chunks: int, steps: int) -> int:
+  """Writer copies that carry the ring fill of steps K steps of this tile."""
+  tile_bytes = (64 * w + n * chunks) * 128
+  return max(WRITER_SLOTS, steps * tile_bytes // (WRITER_ROWS * 128))
+
+
+def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: bool,
+          sms: int = 132):
+  """(jitted kernel, argument avals): w consumers of `steps` K steps, a writer
+  warpgroup of `copies` TMA copies (0: none)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax_fp8.pallas.common import K_BLOCK, tiled
+
+  f8 = jnp.float8_e4m3fn
+
+  def body(a_gmem, b_gmem, w_gmem, out_gmem):
+    def scope(a_smem, b_smem, w_smem, ready, written):
+      wg = lax.axis_index("wg")
+
+      @pl.when(wg == w)
+      def _writer():
+        plgpu.set_max_registers(40, action="decrease")
+        plgpu.copy_gmem_to_smem(a_gmem, a_smem, ready)
+        plgpu.copy_gmem_to_smem(b_gmem, b_smem, ready)
+        if copies:
+          for s in range(WRITER_SLOTS):
+            plgpu.copy_gmem_to_smem(w_gmem, w_smem.at[s], written.at[s])
+
+          def refill(i, carry):
+            s = lax.rem(i, WRITER_SLOTS)
+            plgpu.barrier_wait(written.at[s])
+            plgpu.copy_gmem_to_smem(w_gmem, w_smem.at[s], written.at[s])
+            return carry
+          lax.fori_loop(0, copies - WRITER_SLOTS, refill, 0)
+          for s in range(WRITER_SLOTS):
+            plgpu.barrier_wait(written.at[s])
+
+      @pl.when(wg < w)
+      def _consumer():
+        plgpu.set_max_registers(152 if w == 3 else 232, action="increase")
+        plgpu.barrier_wait(ready)
+        a_rows = a_smem.at[pl.ds(wg * 64, 64)]
+
+        def step(i, sums):
+          a = plgpu.load(a_rows, layout=plgpu.Layout.WGMMA_8BIT) if a_in_registers else a_rows
+          out = []
+          for c in range(chunks):
+            def mma(acc, c=c):
+              plgpu.wgmma(acc, a, b_smem.at[pl.ds(c * n, n)].T)
+              return acc[...]
+            block = pl.run_scoped(mma, plgpu.ACC((64, n), jnp.float32))
+            out.append(sums[c] + block * 1.0001)
+          return tuple(out)
+        zero = plgpu.layout_cast(jnp.zeros((64, n), jnp.float32), plgpu.Layout.WGMMA)
+        sums = lax.fori_loop(0, steps, step, (zero,) * chunks)
+        for c in range(chunks):
+          out_gmem[lax.axis_index("sm"), pl.ds(wg * 64, 64), pl.ds(c * n, n)] = sums[c]
+
+    pl.run_scoped(
+        scope,
+        plgpu.SMEM((64 * w, K_BLOCK), f8, transforms=tiled(f8, K_BLOCK)),
+        plgpu.SMEM((n * chunks, K_BLOCK), f8, transforms=tiled(f8, K_BLOCK)),
+        plgpu.SMEM((WRITER_SLOTS, WRITER_ROWS, K_BLOCK), f8, transforms=tiled(f8, K_BLOCK)),
+        plgpu.Barrier(num_arrivals=2),  # A's and B's copies
+        plgpu.Barrier(num_arrivals=1, num_barriers=WRITER_SLOTS),
+        collective_axes="wg")
+
+  kernel = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((sms, 64 * w, n * chunks), jnp.float32),
+      grid=(sms,), grid_names=("sm",), num_threads=w + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=False))
+  avals = (jax.ShapeDtypeStruct((64 * w, K_BLOCK), f8),
+           jax.ShapeDtypeStruct((n * chunks, K_BLOCK), f8),
+           jax.ShapeDtypeStruct((WRITER_ROWS, K_BLOCK), f8))
+  return jax.jit(kernel), avals
+
+
+def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False):
+  """(TFLOP/s, fill bytes/s) of one case; (None, None) with lower_only (CPU)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  copies = fill_copies(w, n, chunks, steps) if with_fill else 0
+  f, avals = build(w, n, chunks, steps, copies, a_in_registers)
+  if lower_only:
+    f.trace(*avals).lower(lowering_platforms=("cuda",))
+    return None, None
+  rng = np.random.default_rng(0)
+  ops = [jnp.asarray(rng.integers(-3, 4, a.shape).astype(np.float32)).astype(a.dtype)
+         for a in avals]
+  out = f(*ops)
+  if bool(jnp.isnan(out).any()):
+    raise AssertionError(f"{w}x{n}x{chunks}: NaN in the sums")
+  times = []
+  for _ in range(7):
+    start = time.perf_counter()
+    jax.block_until_ready(f(*ops))
+    times.append(time.perf_counter() - start)
+  t = float(np.median(times))
+  sms = out.shape[0]
+  flops = sms * w * 64 * n * chunks * 128 * 2 * steps
+  return flops / t / 1e12, copies * WRITER_ROWS * 128 * sms / t
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--cases", default="3x128,3x96,2x128,2x160,2x192,2x128x2")
+  p.add_argument("--steps", type=int, default=4000)
+  p.add_argument("--a_in_registers", action="store_true",
+                 help="A loaded from SMEM into registers each step, the WGMMA's A from them")
+  p.add_argument("--lower", action="store_true", help="CUDA lowering only (any machine)")
+  args = p.parse_args(argv)
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+  for case in args.cases.split(","):
+    w, n, chunks = parse_case(case)
+    tile = f"{64 * w} x {n * chunks}"
+    for with_fill in (False, True):
+      tflops, fill = time_case(w, n, chunks, args.steps, with_fill, args.a_in_registers,
+                               lower_only=args.lower)
+      what = f"{case} ({tile}{', A in registers' if args.a_in_registers else ''})" + (
+          " + ring fill" if with_fill else "")
+      if args.lower:
+        print(f"{what:44s} lowered", flush=True)
+      else:
+        print(f"{what:44s} {tflops:7.1f} TFLOP/s  fill {fill / 1e12:5.2f} TB/s", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
