@@ -7,6 +7,14 @@ lowering only).
 
     python3 tools/wgmma_probe.py --cases=3x128,2x160,2x128x2 [--steps=4000]
     python3 tools/wgmma_probe.py --cases=2x128x2 --a_in_registers
+    python3 tools/wgmma_probe.py --cases=2x160 --stages=5 [--scales]
+
+With --stages=S the operands come through a ring of S slots instead (the kernel's
+ProducerConsumerPipeline: a producer warpgroup's TMA copies of each step's A and B,
+the consumers' full waits and releases; K blocks cycle over 56, as K = 7168), and
+with --scales each slot also brings its K block's a-scales, which the promotion
+multiplies in (the 1x128 x 128x128 recipe's row factor): the ladder from the bare
+WGMMAs to the kernel's K loop.
 
 A case is WxN[xC]: W consumer warpgroups, each a 64-row chunk row of C chunks of N
 columns (a tile of 64 W x N C); 3x128 is the 192 x 128 tile of three consumers,
@@ -25,6 +33,7 @@ import time
 
 WRITER_ROWS = 320  # one writer copy: 320 x 128 FP8 (40 KB)
 WRITER_SLOTS = 4   # copies in flight
+RING_K_BLOCKS = 56  # the ring's K blocks cycle over a K of 7168
 
 
 def parse_case(text: str) -> tuple[int, int, int]:
@@ -45,9 +54,12 @@ def fill_copies(w: int, n: int, chunks: int, steps: int) -> int:
 
 
 def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: bool,
-          sms: int = 132):
+          sms: int = 132, stages: int = 0, scales: bool = False):
   """(jitted kernel, argument avals): w consumers of `steps` K steps, a writer
-  warpgroup of `copies` TMA copies (0: none)."""
+  warpgroup of `copies` TMA copies (0: none); with stages, a producer of a ring of
+  that many slots instead (scales: a-scales in it too)."""
+  if stages:
+    return _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms)
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -119,18 +131,108 @@ def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: 
   return jax.jit(kernel), avals
 
 
-def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False):
-  """(TFLOP/s, fill bytes/s) of one case; (None, None) with lower_only (CPU)."""
+def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms):
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax_fp8.pallas.common import K_BLOCK, tiled
+  from jax_fp8.pallas.pipeline import ProducerConsumerPipeline
+
+  f8 = jnp.float8_e4m3fn
+  rows, cols = 64 * w, n * chunks
+
+  def body(a_gmem, b_gmem, s_gmem, out_gmem):
+    def scope(a_ring, b_ring, s_ring, full, empty):
+      pipe = ProducerConsumerPipeline(full, empty, stages)
+      wg = lax.axis_index("wg")
+
+      @pl.when(wg == w)
+      def _producer():
+        plgpu.set_max_registers(40, action="decrease")
+        with pipe.producer(steps) as produce:
+          def load(i, carry):
+            with produce(i) as st:
+              kb = lax.rem(i, RING_K_BLOCKS)
+              bar = pipe.producer_mbar(st)
+              if scales:  # the consumers' generic reads of the slot before the TMA
+                plgpu.commit_smem()
+                plgpu.copy_gmem_to_smem(s_gmem.at[pl.ds(kb, 1)], s_ring.at[st.index], bar)
+              plgpu.copy_gmem_to_smem(a_gmem.at[:, pl.ds(kb * K_BLOCK, K_BLOCK)],
+                                      a_ring.at[st.index], bar)
+              plgpu.copy_gmem_to_smem(b_gmem.at[:, pl.ds(kb * K_BLOCK, K_BLOCK)],
+                                      b_ring.at[st.index], bar)
+            return carry
+          lax.fori_loop(0, steps, load, 0)
+
+      @pl.when(wg < w)
+      def _consumer():
+        plgpu.set_max_registers(152 if w == 3 else 232, action="increase")
+
+        def step(i, carry):
+          sums, slot = carry
+          with pipe.consume_slot(slot):
+            a_rows = a_ring.at[slot, pl.ds(wg * 64, 64)]
+            a = (plgpu.load(a_rows, layout=plgpu.Layout.WGMMA_8BIT) if a_in_registers
+                 else a_rows)
+            factor = None
+            if scales:
+              factor = plgpu.load(s_ring.at[slot, 0, pl.ds(wg * 64, 64)],
+                                  layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+              factor = factor * 1.0001  # the b scale
+            out = []
+            for c in range(chunks):
+              def mma(acc, c=c):
+                plgpu.wgmma(acc, a, b_ring.at[slot, pl.ds(c * n, n)].T)
+                return acc[...]
+              block = pl.run_scoped(mma, plgpu.ACC((64, n), jnp.float32))
+              f = (lax.broadcast_in_dim(factor, block.shape, [0]) if scales else 1.0001)
+              out.append(sums[c] + block * f)
+          return tuple(out), pipe.next_index(slot)
+        zero = plgpu.layout_cast(jnp.zeros((64, n), jnp.float32), plgpu.Layout.WGMMA)
+        sums, _ = lax.fori_loop(0, steps, step, ((zero,) * chunks, jnp.int32(0)))
+        for c in range(chunks):
+          out_gmem[lax.axis_index("sm"), pl.ds(wg * 64, 64), pl.ds(c * n, n)] = sums[c]
+
+    pl.run_scoped(
+        scope,
+        plgpu.SMEM((stages, rows, K_BLOCK), f8, transforms=tiled(f8, K_BLOCK)),
+        plgpu.SMEM((stages, cols, K_BLOCK), f8, transforms=tiled(f8, K_BLOCK)),
+        plgpu.SMEM((stages, 1, rows), jnp.float32),
+        **ProducerConsumerPipeline.barriers(stages, full_arrivals=2 + scales,
+                                            empty_arrivals=w),
+        collective_axes="wg")
+
+  kernel = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((sms, rows, cols), jnp.float32),
+      grid=(sms,), grid_names=("sm",), num_threads=w + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=False))
+  avals = (jax.ShapeDtypeStruct((rows, RING_K_BLOCKS * K_BLOCK), f8),
+           jax.ShapeDtypeStruct((cols, RING_K_BLOCKS * K_BLOCK), f8),
+           jax.ShapeDtypeStruct((RING_K_BLOCKS, rows), jnp.float32))
+  return jax.jit(kernel), avals
+
+
+def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False,
+              stages=0, scales=False):
+  """(TFLOP/s, fill bytes/s) of one case; (None, None) with lower_only (CPU).
+  With stages the ring brings the operands (with_fill ignored: the fill is real)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
-  copies = fill_copies(w, n, chunks, steps) if with_fill else 0
-  f, avals = build(w, n, chunks, steps, copies, a_in_registers)
+  copies = fill_copies(w, n, chunks, steps) if with_fill and not stages else 0
+  if stages:
+    copies = steps * (64 * w + n * chunks) // WRITER_ROWS  # in writer-copy units
+  f, avals = build(w, n, chunks, steps, copies if not stages else 0, a_in_registers,
+                   stages=stages, scales=scales)
   if lower_only:
     f.trace(*avals).lower(lowering_platforms=("cuda",))
     return None, None
   rng = np.random.default_rng(0)
   ops = [jnp.asarray(rng.integers(-3, 4, a.shape).astype(np.float32)).astype(a.dtype)
+         if a.dtype != jnp.float32 else jnp.exp2(jnp.asarray(rng.integers(-2, 3, a.shape),
+                                                             jnp.float32))
          for a in avals]
   out = f(*ops)
   if bool(jnp.isnan(out).any()):
@@ -152,17 +254,25 @@ def main(argv=None) -> int:
   p.add_argument("--steps", type=int, default=4000)
   p.add_argument("--a_in_registers", action="store_true",
                  help="A loaded from SMEM into registers each step, the WGMMA's A from them")
+  p.add_argument("--stages", type=int, default=0,
+                 help="bring A and B through a ring of this many slots (0: resident)")
+  p.add_argument("--scales", action="store_true",
+                 help="with --stages: each slot's a-scales too, multiplied in the promotion")
   p.add_argument("--lower", action="store_true", help="CUDA lowering only (any machine)")
   args = p.parse_args(argv)
+  if args.scales and not args.stages:
+    p.error("--scales needs --stages")
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   for case in args.cases.split(","):
     w, n, chunks = parse_case(case)
     tile = f"{64 * w} x {n * chunks}"
-    for with_fill in (False, True):
+    for with_fill in (False,) if args.stages else (False, True):
       tflops, fill = time_case(w, n, chunks, args.steps, with_fill, args.a_in_registers,
-                               lower_only=args.lower)
+                               lower_only=args.lower, stages=args.stages,
+                               scales=args.scales)
       what = f"{case} ({tile}{', A in registers' if args.a_in_registers else ''})" + (
-          " + ring fill" if with_fill else "")
+          " + ring fill" if with_fill else "") + (
+          f" ring of {args.stages}{' + scales' if args.scales else ''}" if args.stages else "")
       if args.lower:
         print(f"{what:44s} lowered", flush=True)
       else:
