@@ -32,27 +32,34 @@ def test_probe_kernel_lowers_for_cuda(a_in_registers):
                                  lower_only=True) == (None, None)
 
 
-@pytest.mark.parametrize("scales", [False, True])
-def test_ring_probe_sums_match_float64_in_interpret_mode(scales):
-  """The --stages ring (the kernel's pipeline, a-scales in it with --scales) feeds
-  every step its own K block: the sums match a float64 model, with no race."""
+@pytest.mark.parametrize("scales,b_scales", [(False, False), (True, False), (True, True)])
+def test_ring_probe_sums_match_float64_in_interpret_mode(scales, b_scales):
+  """The --stages ring (the kernel's pipeline, a-scales in it with --scales; with
+  --b_scales two GMEM b scales a step, each 32-column piece its block's) feeds every
+  step its own K block and factors: the sums match a float64 model, with no race."""
   import jax.numpy as jnp
   import numpy as np
   from jax_fp8 import testing
   w, n, chunks, steps, stages = 2, 64, 2, 5, 2
   with testing.gpu_interpret_mode():
-    f, avals = wgmma_probe.build(w, n, chunks, steps, 0, False, sms=1, stages=stages,
-                                 scales=scales)
+    f, avals = wgmma_probe.build(w, n, chunks, steps, 0, False, sms=2, stages=stages,
+                                 scales=scales, b_scales=b_scales)
     rng = np.random.default_rng(7)
     a = rng.integers(-3, 4, avals[0].shape).astype(np.float32)
     b = rng.integers(-3, 4, avals[1].shape).astype(np.float32)
     s = np.exp2(rng.integers(-3, 4, avals[2].shape)).astype(np.float32)
+    bs = np.exp2(rng.integers(-3, 4, avals[3].shape)).astype(np.float32)
     out = np.asarray(f(jnp.asarray(a).astype(avals[0].dtype),
-                       jnp.asarray(b).astype(avals[1].dtype), jnp.asarray(s)))
-  want = np.zeros((64 * w, n * chunks))
-  for i in range(steps):
-    kb = slice(i * 128, (i + 1) * 128)  # K blocks cycle over RING_K_BLOCKS > steps
-    block = a[:, kb].astype(np.float64) @ b[:, kb].astype(np.float64).T
-    want += block * ((s[i][:, None] if scales else 1.0) * 1.0001)
-  assert np.all(np.isfinite(out))
-  np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+                       jnp.asarray(b).astype(avals[1].dtype), jnp.asarray(s), jnp.asarray(bs)))
+  for cta in range(2):
+    boundary = 128 - (cta * 32) % 128  # columns before it take b block 0's scale
+    col_b = np.where(np.arange(n * chunks) < boundary, 0, 1)
+    want = np.zeros((64 * w, n * chunks))
+    for i in range(steps):
+      kb = slice(i * 128, (i + 1) * 128)  # K blocks cycle over RING_K_BLOCKS > steps
+      block = a[:, kb].astype(np.float64) @ b[:, kb].astype(np.float64).T
+      row = s[i][:, None] if scales else 1.0
+      col = bs[i][col_b][None, :] if b_scales else 1.0001
+      want += block * row * col
+    assert np.all(np.isfinite(out[cta]))
+    np.testing.assert_allclose(out[cta], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

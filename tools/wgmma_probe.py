@@ -13,8 +13,9 @@ With --stages=S the operands come through a ring of S slots instead (the kernel'
 ProducerConsumerPipeline: a producer warpgroup's TMA copies of each step's A and B,
 the consumers' full waits and releases; K blocks cycle over 56, as K = 7168), and
 with --scales each slot also brings its K block's a-scales, which the promotion
-multiplies in (the 1x128 x 128x128 recipe's row factor): the ladder from the bare
-WGMMAs to the kernel's K loop.
+multiplies in (the 1x128 x 128x128 recipe's row factor), with --b_scales each step
+reads two b scales from GMEM and each 32-column piece takes its block's (a wide
+tile's, 128 x 160): the ladder from the bare WGMMAs to the kernel's K loop.
 
 A case is WxN[xC]: W consumer warpgroups, each a 64-row chunk row of C chunks of N
 columns (a tile of 64 W x N C); 3x128 is the 192 x 128 tile of three consumers,
@@ -54,12 +55,13 @@ def fill_copies(w: int, n: int, chunks: int, steps: int) -> int:
 
 
 def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: bool,
-          sms: int = 132, stages: int = 0, scales: bool = False):
+          sms: int = 132, stages: int = 0, scales: bool = False, b_scales: bool = False):
   """(jitted kernel, argument avals): w consumers of `steps` K steps, a writer
   warpgroup of `copies` TMA copies (0: none); with stages, a producer of a ring of
-  that many slots instead (scales: a-scales in it too)."""
+  that many slots instead (scales: a-scales in it too; b_scales: two 128-row blocks'
+  b scales read from GMEM a step, each 32-column piece taking its block's)."""
   if stages:
-    return _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms)
+    return _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms, b_scales)
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -131,7 +133,7 @@ def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: 
   return jax.jit(kernel), avals
 
 
-def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms):
+def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms, b_scales=False):
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -142,10 +144,13 @@ def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms):
 
   f8 = jnp.float8_e4m3fn
   rows, cols = 64 * w, n * chunks
+  piece = 32 if b_scales else n  # a wide tile's pieces: one b scale each
 
-  def body(a_gmem, b_gmem, s_gmem, out_gmem):
+  def body(a_gmem, b_gmem, s_gmem, bs_gmem, out_gmem):
     def scope(a_ring, b_ring, s_ring, full, empty):
       pipe = ProducerConsumerPipeline(full, empty, stages)
+      # Where this CTA's columns cross a 128-row block of b (as a wide tile's do).
+      boundary = 128 - lax.rem(lax.axis_index("sm") * 32, 128)
       wg = lax.axis_index("wg")
 
       @pl.when(wg == w)
@@ -180,20 +185,32 @@ def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms):
             if scales:
               factor = plgpu.load(s_ring.at[slot, 0, pl.ds(wg * 64, 64)],
                                   layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
-              factor = factor * 1.0001  # the b scale
+            if b_scales:
+              kb = lax.rem(i, RING_K_BLOCKS)
+              b0, b1 = bs_gmem[kb, 0], bs_gmem[kb, 1]
             out = []
             for c in range(chunks):
               def mma(acc, c=c):
                 plgpu.wgmma(acc, a, b_ring.at[slot, pl.ds(c * n, n)].T)
                 return acc[...]
               block = pl.run_scoped(mma, plgpu.ACC((64, n), jnp.float32))
-              f = (lax.broadcast_in_dim(factor, block.shape, [0]) if scales else 1.0001)
-              out.append(sums[c] + block * f)
+              for q in range(0, n, piece):
+                part = block if piece == n else block[:, q:q + piece]
+                if b_scales:
+                  b = jnp.where(c * n + q < boundary, b0, b1)
+                else:
+                  b = jnp.float32(1.0001)
+                if scales:
+                  f = lax.broadcast_in_dim(factor * b, part.shape, [0])
+                else:
+                  f = jnp.broadcast_to(b, part.shape)
+                out.append(sums[len(out)] + part * f)
           return tuple(out), pipe.next_index(slot)
-        zero = plgpu.layout_cast(jnp.zeros((64, n), jnp.float32), plgpu.Layout.WGMMA)
-        sums, _ = lax.fori_loop(0, steps, step, ((zero,) * chunks, jnp.int32(0)))
-        for c in range(chunks):
-          out_gmem[lax.axis_index("sm"), pl.ds(wg * 64, 64), pl.ds(c * n, n)] = sums[c]
+        zero = plgpu.layout_cast(jnp.zeros((64, piece), jnp.float32), plgpu.Layout.WGMMA)
+        sums, _ = lax.fori_loop(0, steps, step,
+                                ((zero,) * (chunks * n // piece), jnp.int32(0)))
+        for j, part in enumerate(sums):
+          out_gmem[lax.axis_index("sm"), pl.ds(wg * 64, 64), pl.ds(j * piece, piece)] = part
 
     pl.run_scoped(
         scope,
@@ -210,12 +227,13 @@ def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms):
       compiler_params=plgpu.CompilerParams(approx_math=False))
   avals = (jax.ShapeDtypeStruct((rows, RING_K_BLOCKS * K_BLOCK), f8),
            jax.ShapeDtypeStruct((cols, RING_K_BLOCKS * K_BLOCK), f8),
-           jax.ShapeDtypeStruct((RING_K_BLOCKS, rows), jnp.float32))
+           jax.ShapeDtypeStruct((RING_K_BLOCKS, rows), jnp.float32),
+           jax.ShapeDtypeStruct((RING_K_BLOCKS, 2), jnp.float32))
   return jax.jit(kernel), avals
 
 
 def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False,
-              stages=0, scales=False):
+              stages=0, scales=False, b_scales=False):
   """(TFLOP/s, fill bytes/s) of one case; (None, None) with lower_only (CPU).
   With stages the ring brings the operands (with_fill ignored: the fill is real)."""
   import jax
@@ -225,7 +243,7 @@ def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False,
   if stages:
     copies = steps * (64 * w + n * chunks) // WRITER_ROWS  # in writer-copy units
   f, avals = build(w, n, chunks, steps, copies if not stages else 0, a_in_registers,
-                   stages=stages, scales=scales)
+                   stages=stages, scales=scales, b_scales=b_scales)
   if lower_only:
     f.trace(*avals).lower(lowering_platforms=("cuda",))
     return None, None
@@ -258,10 +276,13 @@ def main(argv=None) -> int:
                  help="bring A and B through a ring of this many slots (0: resident)")
   p.add_argument("--scales", action="store_true",
                  help="with --stages: each slot's a-scales too, multiplied in the promotion")
+  p.add_argument("--b_scales", action="store_true",
+                 help="with --stages: two b-scale blocks from GMEM a step, one per 32-column "
+                      "piece (a wide tile's, as 128 x 160)")
   p.add_argument("--lower", action="store_true", help="CUDA lowering only (any machine)")
   args = p.parse_args(argv)
-  if args.scales and not args.stages:
-    p.error("--scales needs --stages")
+  if (args.scales or args.b_scales) and not args.stages:
+    p.error("--scales and --b_scales need --stages")
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   for case in args.cases.split(","):
     w, n, chunks = parse_case(case)
@@ -269,10 +290,11 @@ def main(argv=None) -> int:
     for with_fill in (False,) if args.stages else (False, True):
       tflops, fill = time_case(w, n, chunks, args.steps, with_fill, args.a_in_registers,
                                lower_only=args.lower, stages=args.stages,
-                               scales=args.scales)
+                               scales=args.scales, b_scales=args.b_scales)
       what = f"{case} ({tile}{', A in registers' if args.a_in_registers else ''})" + (
           " + ring fill" if with_fill else "") + (
-          f" ring of {args.stages}{' + scales' if args.scales else ''}" if args.stages else "")
+          f" ring of {args.stages}{' + a-scales' if args.scales else ''}"
+          f"{' + GMEM b-scales' if args.b_scales else ''}" if args.stages else "")
       if args.lower:
         print(f"{what:44s} lowered", flush=True)
       else:
