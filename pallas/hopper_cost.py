@@ -324,8 +324,8 @@ def sparse_fill(m: int, expected_m: int | None, groups: int) -> bool:
   MASKED_LIVE_FIRST_MAX_GROUPS groups), as the plain walk deals them unevenly
   (192 x 128 tiles 1.21-1.64x faster live-first with 2-10% of the capacity
   filled; they walk live-first at any fill now: MASKED_LIVE_FIRST_TILES). A
-  capacity of at most DECODE_MAX_M
-  rows is one row tile of the decode tiles: no walk to mend."""
+  capacity of at most DECODE_MAX_M rows is one row tile of the decode tiles: no
+  walk to mend."""
   return (expected_m is not None and groups <= MASKED_LIVE_FIRST_MAX_GROUPS
           and m > DECODE_MAX_M and EXPECTED_SPREAD[1] * expected_m <= m / 4)
 

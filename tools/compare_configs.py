@@ -6,9 +6,9 @@ operands rotated past the L2, every output checked against the contract). On the
         --variants="cluster_m=2; stages=4; tile_n=256,wg_split=n,wide_chunks=False"
 
 --per_row_b times the weight gradient's recipe instead (one b scale per row of b,
-float32 output unless --out_dtype says), as `tools/compare_configs.py --per_row_b --shapes=7168x18432x4096
---variants="stages=5"`. --out_dtype=float32 and --c_dtype=bfloat16|float32 time those
-outputs and residuals of the dense recipe.
+float32 output unless --out_dtype says), as `tools/compare_configs.py --per_row_b
+--shapes=7168x18432x4096 --variants="stages=5"`. --out_dtype=float32 and
+--c_dtype=bfloat16|float32 time those outputs and residuals of the dense recipe.
 
 A variant is a comma list of HopperConfig fields replaced in the shape's default
 (pallas/hopper_tiling.default_config); variants are separated by ';'. A variant the config

@@ -22,8 +22,9 @@ columns (a tile of 64 W x N C); 3x128 is the 192 x 128 tile of three consumers,
 2x128x2 the 128 x 256 tile of two. Prints TFLOP/s alone and with the ring's fill
 (and the fill's bytes per second); benchmarks/RESULTS.md 2026-11-29 has a table.
 Timing: the median of 7 calls' wall time after a warm-up (a call runs ~2 ms on
-132 CTAs), every output checked for NaN. Not the kernel's real K loop: no ring
-barriers, scale reads or epilogue.
+132 CTAs), every output checked for NaN. Even with the ring and scales, not the
+kernel's K loop: no tile scheduler, no epilogue, the kernel's carried descriptors
+and step-top overlap left out.
 """
 from __future__ import annotations
 
@@ -240,9 +241,9 @@ def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False,
   import jax.numpy as jnp
   import numpy as np
   copies = fill_copies(w, n, chunks, steps) if with_fill and not stages else 0
-  if stages:
-    copies = steps * (64 * w + n * chunks) // WRITER_ROWS  # in writer-copy units
-  f, avals = build(w, n, chunks, steps, copies if not stages else 0, a_in_registers,
+  # SMEM bytes written a CTA: the ring's fill, or the writer's copies.
+  written = steps * (64 * w + n * chunks) * 128 if stages else copies * WRITER_ROWS * 128
+  f, avals = build(w, n, chunks, steps, copies, a_in_registers,
                    stages=stages, scales=scales, b_scales=b_scales)
   if lower_only:
     f.trace(*avals).lower(lowering_platforms=("cuda",))
@@ -263,7 +264,7 @@ def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False,
   t = float(np.median(times))
   sms = out.shape[0]
   flops = sms * w * 64 * n * chunks * 128 * 2 * steps
-  return flops / t / 1e12, copies * WRITER_ROWS * 128 * sms / t
+  return flops / t / 1e12, written * sms / t
 
 
 def main(argv=None) -> int:
@@ -283,6 +284,8 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if (args.scales or args.b_scales) and not args.stages:
     p.error("--scales and --b_scales need --stages")
+  if args.b_scales and any(parse_case(c)[1] % 32 for c in args.cases.split(",")):
+    p.error("--b_scales takes 32-column pieces: N a multiple of 32")
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   for case in args.cases.split(","):
     w, n, chunks = parse_case(case)
