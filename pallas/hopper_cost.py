@@ -238,6 +238,17 @@ MASKED_LIVE_FIRST_TILES = ((128, 192, "m", 2), (128, 160, "m", 2), (192, 128, "m
 # (MASKED_PLAIN_WALK_TILES) walk so, the others are not candidates.
 MASKED_LIVE_FIRST_MAX_GROUPS = 16
 MASKED_PLAIN_WALK_TILES = ((192, 128, "m", 3),)
+
+
+def masked_walk(tile: tuple, groups: int, sparse: bool) -> bool | None:
+  """Whether a masked GEMM's tiling of this tile (tile_key) walks live-first
+  (HopperConfig.live_first): the tables' tiles, and every tile at sparse fills
+  (sparse_fill); None where it is no candidate: past MASKED_LIVE_FIRST_MAX_GROUPS
+  groups only MASKED_PLAIN_WALK_TILES remain, walking plainly."""
+  live = sparse or tile in MASKED_LIVE_FIRST_TILES
+  if live and groups > MASKED_LIVE_FIRST_MAX_GROUPS:
+    return False if tile in MASKED_PLAIN_WALK_TILES else None
+  return live
 # Masked wide tiles stage no a-scale windows (within +-1% at 4 x 256 and 4 x 384
 # 7168x2048; 128 x 160 3% slower with them).
 # These tiles take a ring one stage past RING_BYTES, masked and dense (the

@@ -278,6 +278,9 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
     wide = fields.pop("wide_chunks", large_m_wide)
     tma = fields.pop("tma_scales",
                      hopper_cost.tma_scales_pay(m, masked, fields.get("k_step", 1)))
+    live_first = hopper_cost.masked_walk(key, groups, sparse) if masked else False
+    if live_first is None:
+      continue
     cfg = HopperConfig(tile_m=tm, tile_n=tn, wg_split=split, consumers=consumers,
                        wide_chunks=wide, tma_scales=tma,
                        step_top_overlap=hopper_cost.step_top_overlap_pays(
@@ -286,14 +289,9 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
                        a_scale_window=(_WIDE_TILE_A_SCALE_WINDOW
                                        if key in _A_SCALE_WINDOW_TILES and not tma
                                        and not masked else 0),
-                       live_first=masked and (sparse or key in hopper_cost.MASKED_LIVE_FIRST_TILES),
-                       **fields)
+                       live_first=live_first, **fields)
     if grouped and not _grouped_allows(cfg):
       continue
-    if cfg.live_first and groups > hopper_cost.MASKED_LIVE_FIRST_MAX_GROUPS:
-      if key not in hopper_cost.MASKED_PLAIN_WALK_TILES:
-        continue
-      cfg = dataclasses.replace(cfg, live_first=False)
     cfg = _with_registers(_with_epilogue(cfg, out_dtype, k, c_dtype, exact_rows=row_masks))
     stages = fields.get("stages", ring_stages(cfg) + deeper)
     # Ragged groups (row_masks) store cut tiles row-exactly: one more buffer.

@@ -55,6 +55,35 @@ def fill_copies(w: int, n: int, chunks: int, steps: int) -> int:
   return max(WRITER_SLOTS, steps * tile_bytes // (WRITER_ROWS * 128))
 
 
+# setmaxnreg counts: the consumers take what the 40-register producer / writer leaves.
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = {1: 232, 2: 232, 3: 152}
+
+
+def _launch(body, w: int, rows: int, cols: int, sms: int):
+  """body as a jitted kernel of sms CTAs of w consumer warpgroups and one more,
+  returning every CTA's [rows, cols] float32 sums."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  return jax.jit(plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((sms, rows, cols), jnp.float32),
+      grid=(sms,), grid_names=("sm",), num_threads=w + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=False)))
+
+
+def _block(a, b_ref, n: int):
+  """One K block's [64, n] WGMMA sum of A (a ref or registers) . b_ref^T, waited for."""
+  import jax.numpy as jnp
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def mma(acc):
+    plgpu.wgmma(acc, a, b_ref.T)
+    return acc[...]
+  return pl.run_scoped(mma, plgpu.ACC((64, n), jnp.float32))
+
+
 def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: bool,
           sms: int = 132, stages: int = 0, scales: bool = False, b_scales: bool = False):
   """(jitted kernel, argument avals): w consumers of `steps` K steps, a writer
@@ -78,7 +107,7 @@ def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: 
 
       @pl.when(wg == w)
       def _writer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
         plgpu.copy_gmem_to_smem(a_gmem, a_smem, ready)
         plgpu.copy_gmem_to_smem(b_gmem, b_smem, ready)
         if copies:
@@ -96,20 +125,14 @@ def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: 
 
       @pl.when(wg < w)
       def _consumer():
-        plgpu.set_max_registers(152 if w == 3 else 232, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS[w], action="increase")
         plgpu.barrier_wait(ready)
         a_rows = a_smem.at[pl.ds(wg * 64, 64)]
 
         def step(i, sums):
           a = plgpu.load(a_rows, layout=plgpu.Layout.WGMMA_8BIT) if a_in_registers else a_rows
-          out = []
-          for c in range(chunks):
-            def mma(acc, c=c):
-              plgpu.wgmma(acc, a, b_smem.at[pl.ds(c * n, n)].T)
-              return acc[...]
-            block = pl.run_scoped(mma, plgpu.ACC((64, n), jnp.float32))
-            out.append(sums[c] + block * 1.0001)
-          return tuple(out)
+          return tuple(sums[c] + _block(a, b_smem.at[pl.ds(c * n, n)], n) * 1.0001
+                       for c in range(chunks))
         zero = plgpu.layout_cast(jnp.zeros((64, n), jnp.float32), plgpu.Layout.WGMMA)
         sums = lax.fori_loop(0, steps, step, (zero,) * chunks)
         for c in range(chunks):
@@ -124,14 +147,10 @@ def build(w: int, n: int, chunks: int, steps: int, copies: int, a_in_registers: 
         plgpu.Barrier(num_arrivals=1, num_barriers=WRITER_SLOTS),
         collective_axes="wg")
 
-  kernel = plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct((sms, 64 * w, n * chunks), jnp.float32),
-      grid=(sms,), grid_names=("sm",), num_threads=w + 1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=False))
   avals = (jax.ShapeDtypeStruct((64 * w, K_BLOCK), f8),
            jax.ShapeDtypeStruct((n * chunks, K_BLOCK), f8),
            jax.ShapeDtypeStruct((WRITER_ROWS, K_BLOCK), f8))
-  return jax.jit(kernel), avals
+  return _launch(body, w, 64 * w, n * chunks, sms), avals
 
 
 def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms, b_scales=False):
@@ -156,7 +175,7 @@ def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms, b_scal
 
       @pl.when(wg == w)
       def _producer():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
         with pipe.producer(steps) as produce:
           def load(i, carry):
             with produce(i) as st:
@@ -174,7 +193,7 @@ def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms, b_scal
 
       @pl.when(wg < w)
       def _consumer():
-        plgpu.set_max_registers(152 if w == 3 else 232, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS[w], action="increase")
 
         def step(i, carry):
           sums, slot = carry
@@ -191,10 +210,7 @@ def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms, b_scal
               b0, b1 = bs_gmem[kb, 0], bs_gmem[kb, 1]
             out = []
             for c in range(chunks):
-              def mma(acc, c=c):
-                plgpu.wgmma(acc, a, b_ring.at[slot, pl.ds(c * n, n)].T)
-                return acc[...]
-              block = pl.run_scoped(mma, plgpu.ACC((64, n), jnp.float32))
+              block = _block(a, b_ring.at[slot, pl.ds(c * n, n)], n)
               for q in range(0, n, piece):
                 part = block if piece == n else block[:, q:q + piece]
                 if b_scales:
@@ -222,15 +238,11 @@ def _build_ring(w, n, chunks, steps, stages, scales, a_in_registers, sms, b_scal
                                             empty_arrivals=w),
         collective_axes="wg")
 
-  kernel = plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct((sms, rows, cols), jnp.float32),
-      grid=(sms,), grid_names=("sm",), num_threads=w + 1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=False))
   avals = (jax.ShapeDtypeStruct((rows, RING_K_BLOCKS * K_BLOCK), f8),
            jax.ShapeDtypeStruct((cols, RING_K_BLOCKS * K_BLOCK), f8),
            jax.ShapeDtypeStruct((RING_K_BLOCKS, rows), jnp.float32),
            jax.ShapeDtypeStruct((RING_K_BLOCKS, 2), jnp.float32))
-  return jax.jit(kernel), avals
+  return _launch(body, w, rows, cols, sms), avals
 
 
 def time_case(w, n, chunks, steps, with_fill, a_in_registers, lower_only=False,
