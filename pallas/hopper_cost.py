@@ -536,6 +536,25 @@ def tma_scales_pay(m: int, masked: bool, k_step: int) -> bool:
   return m >= TMA_SCALES_MIN_M and not masked and k_step == 1
 
 
+# Dense tiles of one wide chunk a warpgroup take the ring's scales (their step top
+# overlapped, their descriptors carried) below TMA_SCALES_MIN_M too, from this M over
+# >= PAIRED_MIN_K_BLOCKS K blocks, in place of the staged a-scale window (128 x 192) or
+# the scales from GMEM (128 x 160): 1280x4096x7168 (128 x 160) 1.008x, 1536x4096x7168
+# 1.044x and 1280x2112x7168 1.014x (128 x 192), one tile per CTA over 448 K blocks at
+# 1536 rows 1.079x (128 x 160) and 1.067x (128 x 192) (H200 2026-11-29, the XLA
+# transpose of the a-scales included).
+WIDE_RING_SCALES_TILES = ((128, 192, "m", 2), (128, 160, "m", 2))
+WIDE_RING_SCALES_MIN_M = 1024
+
+
+def wide_tile_ring_scales(tile: tuple, m: int, k: int, *, b_scale_rows: int) -> bool:
+  """Whether a dense GEMM's WIDE_RING_SCALES_TILES tile takes the ring's scales
+  where the M rule (tma_scales_pay) would not."""
+  return (tuple(tile) in WIDE_RING_SCALES_TILES and b_scale_rows == SCALE_N
+          and WIDE_RING_SCALES_MIN_M <= m < TMA_SCALES_MIN_M
+          and _cdiv(k, K_BLOCK) >= PAIRED_MIN_K_BLOCKS)
+
+
 # 128 x 256 tiles overlap their step top only in dense GEMMs with a bfloat16 output
 # and no residual: +0.5-0.9% there (their 12 spilled bytes are stored before the K
 # loop and loaded after it, once a tile), 0.4-1.4% slower with a float32 output or

@@ -24,7 +24,8 @@ The candidates of a shape, in the cost model's order (the default first):
   as the float32 output of the dense rules' tiling, finished after the GEMM.
 Every candidate is completed the same way: the scales brought by the ring's TMA
 from M = 2048 outside masked groups (hopper_cost.tma_scales_pay; where a form does
-not say), with them the
+not say: dense tiles of one wide chunk a warpgroup from M = 1024,
+hopper_cost.wide_tile_ring_scales), with them the
 step top overlapped (hopper_cost.step_top_overlap_pays), the widest
 epilogue store, the producer's registers, the ring fitted into SMEM. Grouped
 schedulers take no K splits and no clusters in the rules (`_grouped_allows`). A masked GEMM's M is its groups'
@@ -222,14 +223,18 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
       if hopper_cost.takes_deeper_ring(t, m, k, row_masks=row_masks,
                                        b_scale_rows=b_scale_rows, masked=masked):
         fields = dict(base(t))
-        if hopper_cost.deeper_ring_scales_in_ring(t, masked=masked):
+        if hopper_cost.deeper_ring_scales_in_ring(t, masked=masked) or (
+            dense and hopper_cost.wide_tile_ring_scales(t, m, k, b_scale_rows=b_scale_rows)):
           fields["tma_scales"] = True
         for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
           yield t, dict(fields, cluster_m=cluster_m), 1
         continue
+      fields = dict(base(t))
+      if dense and hopper_cost.wide_tile_ring_scales(t, m, k, b_scale_rows=b_scale_rows):
+        fields["tma_scales"] = True
       for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 else (1,):
-        yield t, dict(base(t), cluster_m=cluster_m), 0
-        yield t, dict(base(t), cluster_m=cluster_m), 1      # 128 x 256: the deep ring
+        yield t, dict(fields, cluster_m=cluster_m), 0
+        yield t, dict(fields, cluster_m=cluster_m), 1      # 128 x 256: the deep ring
       if t in hopper_cost.SHORT_K_CHAINED_TILES and 2 <= k_blocks <= hopper_cost.SHORT_K_MAX_BLOCKS:
         yield t, dict(base(t), stages=k_blocks), 0          # the whole K loop
 

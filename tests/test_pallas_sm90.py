@@ -687,6 +687,17 @@ def test_gpu_rows_first_below_4096_rows(m, n, k):
 
 
 @requires_gpu(major=9)
+@pytest.mark.parametrize("m,n,k,out_dtype", [(1536, 4096, 7168, BF16), (1280, 4096, 7168, F32),
+                                             (1280, 2112, 7168, BF16)])
+def test_gpu_wide_tiles_with_ring_scales_below_2048_rows(m, n, k, out_dtype):
+  """Dense 128 x 192 / 128 x 160 tiles of 1024-2047 rows: the ring brings their
+  scales (step top overlapped, descriptors carried; hopper_cost.wide_tile_ring_scales)."""
+  cfg = hopper_tiling.default_config(m, n, k, out_dtype=out_dtype)
+  assert cfg.tma_scales and cfg.step_top_overlap and cfg.tile_m == 128
+  _gpu_check(m, n, k, out_dtype, False)
+
+
+@requires_gpu(major=9)
 # (128 x 4096 x 7168 and 64 x 2112 x 7168: decode tiles whose warpgroups split K;
 # 1024 x 7168 x 7168: 256 x 128 tiles alone, the scales in the ring; 384 x 4096 x 7168: the
 # mid-M 128 x 128 form, two-block steps in a 3-deep ring; 300 x 2112 x 7168: the decode

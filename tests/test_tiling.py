@@ -688,6 +688,33 @@ def test_160_column_tiles_balance_waves():
   assert hopper_tiling.fp8_output_config(1280, 4096, 7168).tile_n % 128 == 0
 
 
+def test_wide_tiles_take_ring_scales_from_1024_rows():
+  """Dense 128 x 192 and 128 x 160 tiles (one wide chunk a warpgroup) from 1024 rows
+  to TMA_SCALES_MIN_M over >= 24 K blocks: the ring brings their scales (step top
+  overlapped, descriptors carried, 4 stages) instead of an a-scale window or GMEM
+  (H200 2026-11-29: 1.008-1.044x at K = 7168, 1.067-1.079x at K = 57344)."""
+  for m, n, k, tile in ((1280, 4096, 7168, (128, 160, "m", 2)),
+                        (1536, 4096, 7168, (128, 192, "m", 2)),
+                        (1280, 2112, 7168, (128, 192, "m", 2)),
+                        (1536, 1760, 57344, (128, 160, "m", 2)),
+                        (1536, 2112, 57344, (128, 192, "m", 2))):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert hopper_cost.tile_key(cfg) == tile, (m, n, k, cfg)
+    assert (cfg.tma_scales, cfg.step_top_overlap, cfg.desc_carry, cfg.a_scale_window,
+            cfg.stages) == (True, True, True, 0, 4), (m, n, k, cfg)
+    assert hopper_cost.wide_tile_ring_scales(tile, m, k, b_scale_rows=128)
+  # Not below 1024 rows or over short K loops (a-scale windows kept), nor in grouped
+  # GEMMs or with per-row b scales.
+  for m, n, k, kw in ((768, 4096, 7168, {}), (1536, 2112, 2048, {}),
+                      (1536, 4096, 7168, dict(grouped=True, row_masks=True)),
+                      (1536, 4096, 7168, dict(groups=2, grouped=True))):
+    cfg = hopper_tiling.default_config(m, n, k, **kw)
+    assert not (hopper_cost.tile_key(cfg) in hopper_cost.WIDE_RING_SCALES_TILES
+                and cfg.tma_scales), (m, n, k, kw, cfg)
+  assert not hopper_cost.wide_tile_ring_scales((128, 192, "m", 2), 1536, 7168, b_scale_rows=1)
+  assert not hopper_cost.wide_tile_ring_scales((128, 256, "n", 2), 1536, 7168, b_scale_rows=128)
+
+
 def test_tile_order_rows_first_below_4096_rows():
   """A dense GEMM of fewer than 4096 rows walks its tiles rows first (both
   operands sit in the L2; H200 2026-11-28: 0.996-1.063x the walk along N at 20
