@@ -220,18 +220,16 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
         for t in hopper_cost.SCALED_RING_TILES:  # the scales in the ring below its M
           yield t, dict(base(t), tma_scales=True), 0
     for t in tiles:
+      fields = dict(base(t))
+      if dense and hopper_cost.wide_tile_ring_scales(t, m, k, b_scale_rows=b_scale_rows):
+        fields["tma_scales"] = True
       if hopper_cost.takes_deeper_ring(t, m, k, row_masks=row_masks,
                                        b_scale_rows=b_scale_rows, masked=masked):
-        fields = dict(base(t))
-        if hopper_cost.deeper_ring_scales_in_ring(t, masked=masked) or (
-            dense and hopper_cost.wide_tile_ring_scales(t, m, k, b_scale_rows=b_scale_rows)):
+        if hopper_cost.deeper_ring_scales_in_ring(t, masked=masked):
           fields["tma_scales"] = True
         for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
           yield t, dict(fields, cluster_m=cluster_m), 1
         continue
-      fields = dict(base(t))
-      if dense and hopper_cost.wide_tile_ring_scales(t, m, k, b_scale_rows=b_scale_rows):
-        fields["tma_scales"] = True
       for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 else (1,):
         yield t, dict(fields, cluster_m=cluster_m), 0
         yield t, dict(fields, cluster_m=cluster_m), 1      # 128 x 256: the deep ring
