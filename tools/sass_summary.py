@@ -22,9 +22,13 @@ import sys
 EXECUTED = "Instructions Executed"
 SAMPLES = "Warp Stall Sampling (All Samples)"
 MMA_OPCODES = ("QGMMA", "HGMMA", "IGMMA", "BGMMA", "UTCQMMA", "UTCHMMA", "UTCMMA", "UTCOMMA")
-HEADLINE = ("Duration", "Elapsed Cycles", "SM Active Cycles", "Executed Instructions",
-            "Registers Per Thread", "Local Memory Spilling Requests", "Issue Slots Busy",
-            "L1/TEX Hit Rate", "L2 Hit Rate", "DRAM Throughput")
+# (A name ncu repeats across sections keeps its first value: "Memory Throughput" is the
+# Speed Of Light percentage.)
+HEADLINE = ("Duration", "Elapsed Cycles", "SM Active Cycles", "SM Frequency",
+            "Executed Instructions", "Registers Per Thread", "Local Memory Spilling Requests",
+            "Issue Slots Busy", "Compute (SM) Throughput", "Memory Throughput",
+            "L1/TEX Cache Throughput", "L2 Cache Throughput", "Mem Busy", "Max Bandwidth",
+            "Mem Pipes Busy", "L1/TEX Hit Rate", "L2 Hit Rate", "DRAM Throughput")
 
 
 @dataclasses.dataclass(frozen=True)
