@@ -53,7 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_fp8.pallas import device, problem, quant_math, wgmma_desc
+from jax_fp8.pallas import device, problem, proxy_fence, quant_math, wgmma_desc
 from jax_fp8.pallas.common import (C_DTYPES, FP8_OUT, K_BLOCK, SCALE_N, copy_a_rows,
                                    TMA_SMEM_ALIGN, gate_activation, pad_for_tma,
                                    rows_buffer_shape, tiled, unsupported_reason)
@@ -160,9 +160,8 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
         return lax.fori_loop(i32(0), tile.passes, pass_body, step)
       return lax.fori_loop(i32(0), walk.local_units(cta, num_ctas), tile_body, step)
 
-    @pl.when(wg == consumers)
-    def _producer():
-      plgpu.set_max_registers(cfg.producer_registers, action="decrease")
+    def _loads():
+      """The producer's loop: every ring step's TMA copies, unit after unit."""
       total = walk.steps(cta, num_ctas, k_steps)
       with contextlib.ExitStack() as rings:
         produce = rings.enter_context(inputs.producer(total))
@@ -186,7 +185,10 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
               if cfg.tma_scales:
                 # The consumers' reads of this slot's scales (generic proxy) are
                 # ordered before the TMA that overwrites them (async proxy).
-                plgpu.commit_smem()
+                if cfg.producer_warp:
+                  proxy_fence.async_proxy_fence()
+                else:
+                  plgpu.commit_smem()
                 kb = pl.ds(tile.k0 + ks, 1)
                 plgpu.copy_gmem_to_smem(as_gmem.at[tile.a_group, kb, pl.ds(tile.m0, tile_m)],
                                         a_scales.at[st.index], bar)
@@ -224,6 +226,16 @@ def _kernel(a_gmem, as_gmem, b_gmem, bs_gmem, c_gmem, meta, *outs,
             lax.fori_loop(i32(lead), i32(window), lambda i, _: load_step(w * window + i), None)
           lax.fori_loop(i32(0), i32(k_steps // window), load_window, None)
         for_each_pass(load_pass, i32(0))
+
+    @pl.when(wg == consumers)
+    def _producer():
+      plgpu.set_max_registers(cfg.producer_registers, action="decrease")
+      if cfg.producer_warp:
+        @plgpu.warp_map
+        def _one_warp(warp):
+          pl.when(warp == 0)(_loads)
+      else:
+        _loads()
 
     @pl.when(wg < consumers)
     def _consumer():

@@ -86,6 +86,13 @@ class HopperConfig:
   carries its ring slot from step to step (and with step_top_overlap tests the
   next slot's barrier ahead), as a dense pass does, instead of deriving the
   slot from the pipeline step.
+  producer_warp: one warp of the producer warpgroup issues the ring's loads
+  (plgpu.warp_map; the other three idle at once), so that its instructions
+  a step (the slot's wait, the proxy fence before refilling the ring's
+  scales, the TMA issues) leave three of the four schedulers to the
+  consumers' promotions; without it the four warps run the loop in step
+  (warpgroup barriers around every copy). Not with clusters (multicast) or
+  a staged a-scale window (a warpgroup's loads).
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -109,6 +116,7 @@ class HopperConfig:
   step_top_overlap: bool = False
   desc_carry: bool = False
   carried_slot: bool = False
+  producer_warp: bool = False
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -212,6 +220,9 @@ class HopperConfig:
     if self.step_top_overlap and not self.tma_scales:
       raise ValueError("step_top_overlap reads a step's scales from its ring slot: it needs "
                        "tma_scales")
+    if self.producer_warp and (self.cluster_m * self.cluster_n > 1 or self.a_scale_window):
+      raise ValueError("producer_warp: one warp's loads take no cluster (cluster_m = "
+                       "cluster_n = 1) and no a_scale_window (a warpgroup's scale loads)")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
       raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
                        f"{self.producer_registers}")

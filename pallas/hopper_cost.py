@@ -617,6 +617,27 @@ def desc_carry_pays(cfg: HopperConfig, m: int, k: int, *, grouped: bool, masked:
                                       or in_dense_deeper_ring(cfg, m, k))
 
 
+# Tilings whose ring is filled by one producer warp (HopperConfig.producer_warp): one
+# WGMMA chunk a consumer warpgroup. Dense, against the four-warp producer (H200
+# 2026-11-29, bf16 output, outputs checked): 128 x 160 +1.0-2.1%, 128 x 192 +1.2%,
+# 192 x 128 of three consumers +1.4-2.2%; two chunks a warpgroup (128 x 256 split by
+# columns) 1.6-1.8% slower. Nsight Compute (1536x1760x57344, 128 x 160) put the four
+# warps' ~35 instructions a step beside the consumers' promotions, whose warps lost
+# 89 cycles a step "not selected" (DeepGEMM's, of one producer warp: 21). Measured
+# over K >= 2048 only (the short-K chained tiles, e.g. 4096x32768x512, keep four warps).
+PRODUCER_WARP_TILES = ((128, 160, "m", 2), (128, 192, "m", 2), (192, 128, "m", 3))
+PRODUCER_WARP_MIN_K_BLOCKS = 16
+
+
+def producer_warp_pays(cfg: HopperConfig, k: int) -> bool:
+  """Whether one warp issues the ring's loads (PRODUCER_WARP_TILES over K loops of
+  PRODUCER_WARP_MIN_K_BLOCKS or more, one-block steps, no cluster, no staged a-scale
+  window)."""
+  return (tile_key(cfg) in PRODUCER_WARP_TILES and cfg.k_step == 1
+          and _cdiv(k, K_BLOCK) >= PRODUCER_WARP_MIN_K_BLOCKS
+          and cfg.cluster_m * cfg.cluster_n == 1 and not cfg.a_scale_window)
+
+
 def carried_slot_pays(cfg: HopperConfig, *, grouped: bool, masked: bool) -> bool:
   """Whether a ragged tiling's K loop carries its ring slot (HopperConfig.carried_slot):
   where each consumer warpgroup holds one WGMMA chunk. Against the slot derived

@@ -303,6 +303,7 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
         cfg, desc_carry=hopper_cost.desc_carry_pays(cfg, m, k, grouped=grouped, masked=masked,
                                                     b_scale_rows=b_scale_rows),
         carried_slot=hopper_cost.carried_slot_pays(cfg, grouped=grouped, masked=masked))
+    cfg = dataclasses.replace(cfg, producer_warp=hopper_cost.producer_warp_pays(cfg, k))
     try:
       cfg.check()
     except ValueError:

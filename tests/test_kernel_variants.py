@@ -178,6 +178,9 @@ def test_decode_operands_padded_only_where_the_kernel_needs(m, a_rows, scale_row
     ("sm90", H_TMA_M, 200, 136, 384, F32),                  # b's scales by TMA as well
     ("sm90", H_TMA_N, 200, 330, 300, BF16),
     ("sm90", dataclasses.replace(H_SMALL, tma_scales=True), 70, 200, 300, F32),
+    # one producer warp, per-row b scales in the ring too (the rules' weight gradient)
+    ("sm90", dataclasses.replace(H_WIDE_160, tma_scales=True, producer_warp=True), 136, 400,
+     850, F32),
     ("sm90", H_K_SPLIT, 70, 200, 300, F32),
     ("sm90", dataclasses.replace(H_K_SPLIT, tma_scales=True), 70, 200, 300, BF16),
     ("sm100", B_SMALL, 130, 200, 300, F32),
@@ -233,6 +236,10 @@ def test_per_row_b_scales_in_the_ring_need_aligned_slots():
     ("sm90", dataclasses.replace(H_TMA_M, step_top_overlap=True, carried_slot=True), 600,
      [129, 300, 0, 1, 100]),
     ("sm90", dataclasses.replace(H_SMALL, carried_slot=True), 200, [37, 0, 1, 100, 20]),
+    # ... filled by one producer warp (the rules' 192 x 128 tiles of many-row groups)
+    ("sm90", dataclasses.replace(H_THREE_M, tma_scales=True, step_top_overlap=True,
+                                 carried_slot=True, producer_warp=True), 400,
+     [100, 191, 0, 1, 60]),
     ("sm90", H_SMALL, 100, [0, 0, 0]),                         # no rows: all zeros
     ("sm90", H_SMALL, 2, [1, 0, 1]),                           # a-scales read one by one
     ("sm90", H_K_SPLIT, 200, [37, 0, 1, 100, 20]),             # K split among warpgroups
@@ -284,6 +291,8 @@ def test_masked(arch, cfg, m, masked_m, out_dtype, n=96):
     (dataclasses.replace(H_WIDE_CHUNK, live_first=True, num_sms=3), 260, [0, 200, 5], F32, 400),
     (dataclasses.replace(H_WIDE_160, live_first=True, carried_slot=True), 260, [129, 1, 260],
      BF16, 680),                                      # ... each unit's ring slot carried
+    (dataclasses.replace(H_WIDE_160, live_first=True, producer_warp=True), 260, [129, 1, 260],
+     BF16, 680),                                      # ... one producer warp, GMEM scales
     (dataclasses.replace(H_WIDE_CHUNK, live_first=True, num_sms=3, tma_scales=True,
                          step_top_overlap=True, carried_slot=True), 260, [0, 200, 5], F32, 400),
     # pairs sharing B: a unit is a pair of row tiles, live if its first holds rows

@@ -197,6 +197,17 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (136, 400, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=192, wg_split="m", stages=3,
                                         wide_chunks=True, tma_scales=True,
                                         step_top_overlap=True), False, BF16, 1.0, None),
+    # one producer warp filling the ring (producer_warp; the rules' 128 x 160, 128 x 192
+    # and 192 x 128 tiles), its proxy fence before it refills a slot's scales: 128 x 160
+    # over all four offsets in b's blocks with c, and 192 x 128 of three consumers
+    (200, 680, 850, dataclasses.replace(DEFAULT_LARGE, tile_n=160, wg_split="m", stages=3,
+                                        epi_tile_n=32, wide_chunks=True, tma_scales=True,
+                                        step_top_overlap=True, producer_warp=True), True,
+     BF16, -1.0, jnp.bfloat16),
+    (400, 300, 850, dataclasses.replace(DEFAULT_LARGE, tile_m=192, tile_n=128, wg_split="m",
+                                        consumers=3, stages=3, tma_scales=True,
+                                        step_top_overlap=True, producer_warp=True), False,
+     F32, 1.0, None),
     # K split among the warpgroups: 3 K blocks (the last partial) of which the first
     # warpgroup takes 2; two-block steps, the last one's second block past K; three
     # warpgroups over 8 blocks (3, 3, 2 steps), and over one (two hand over zeros);
@@ -374,7 +385,7 @@ def test_ragged_loops_carry_their_descriptors():
   three = hopper_tiling.default_config(m, n, k, groups=4, grouped=True, row_masks=True)
   assert (three.tile_m, three.tile_n, three.consumers, three.carried_slot) == (192, 128, 3, True)
   wide = dataclasses.replace(cfg, tile_m=256, tile_n=128, producer_registers=72,
-                             wide_chunks=False, carried_slot=False)
+                             wide_chunks=False, carried_slot=False, producer_warp=False)
   for g, config in ((8, cfg), (4, three), (8, wide)):
     _assert_every_wgmma_carried(functools.partial(hopper.ragged_dot, out_dtype=BF16),
                                 _grouped_avals((), m, n, k, g), config)
@@ -434,6 +445,11 @@ def test_config_validation():
     with pytest.raises(ValueError, match="tma_scales"):
       hopper.HopperConfig(tma_scales=True, **fields).check()
   hopper.HopperConfig(tma_scales=True).check()
+  # One producer warp: no multicast copies, no staged a-scale windows.
+  for fields in (dict(cluster_m=2), dict(cluster_n=2), dict(a_scale_window=4)):
+    with pytest.raises(ValueError, match="producer_warp"):
+      hopper.HopperConfig(producer_warp=True, **fields).check()
+  hopper.HopperConfig(producer_warp=True).check()
   with pytest.raises(ValueError, match="a_scale_window"):
     hopper.HopperConfig(tile_m=64, a_scale_window=4).check()
   with pytest.raises(ValueError, match="a_scale_window"):
@@ -654,7 +670,7 @@ def test_gpu_ragged_wide_tiles_give_the_128x192_tiles_bit_for_bit(sizes):
   cfg = next(c for c in cands if (c.tile_m, c.tile_n) == (128, 192))
   assert cfg.carried_slot and cfg.desc_carry, cfg
   wide = dataclasses.replace(cfg, tile_m=256, tile_n=128, producer_registers=72,
-                             wide_chunks=False, carried_slot=False)
+                             wide_chunks=False, carried_slot=False, producer_warp=False)
   _assert_ragged_configs_agree(sizes, n, k,
                                (cfg, three, wide, dataclasses.replace(wide, cluster_n=2)))
 

@@ -73,6 +73,8 @@ def _config(spec: str) -> hopper.HopperConfig:
       cfg["desc_carry"] = True
     elif f == "cs":
       cfg["carried_slot"] = True
+    elif f == "pw":
+      cfg["producer_warp"] = True
     elif f[0] == "o":
       cfg["grid_minor"] = f[1:]
     else:
@@ -122,12 +124,12 @@ FROZEN_PICKS = [
     # a float32 output or a residual 0.4-1.4% slower); 192 x 128 tiles of three consumers
     # in 4 stages with carried descriptors since 2026-11-28 ~17:40 (H200: +2.2-2.6%)
     # where no residual's ring takes their fourth stage
-    (4096, 2112, 7168, '', {'192x128m3 s4 e64 on tma ov dc': 'bf16',
-                            '128x192m2 s4 e64 on wide tma ov dc': 'bf16+cbf16',
-                            '128x192m2 s3 e64 on wide tma ov dc': 'bf16+cf32',
-                            '192x128m3 s4 e32 on tma ov dc': 'f32',
-                            '128x192m2 s4 e32 on wide tma ov dc': 'f32+cbf16',
-                            '128x192m2 s3 e32 on wide tma ov dc': 'f32+cf32'}),
+    (4096, 2112, 7168, '', {'192x128m3 s4 e64 on tma ov dc pw': 'bf16',
+                            '128x192m2 s4 e64 on wide tma ov dc pw': 'bf16+cbf16',
+                            '128x192m2 s3 e64 on wide tma ov dc pw': 'bf16+cf32',
+                            '192x128m3 s4 e32 on tma ov dc pw': 'f32',
+                            '128x192m2 s4 e32 on wide tma ov dc pw': 'f32+cbf16',
+                            '128x192m2 s3 e32 on wide tma ov dc pw': 'f32+cf32'}),
     (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma ov': 'bf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                              '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
@@ -152,40 +154,40 @@ FROZEN_PICKS = [
     # the scales read once the first WGMMA is issued since 2026-11-27 (+0.3-1.0%); the
     # ring slot and the WGMMA descriptors carried since 2026-11-28 ~17:30 (H200: 1.00-1.025x
     # the 256 x 128 tiles a rule took from ~14:48)
-    (32768, 4096, 7168, 'ragged x8', {'128x192m2 s3 e64 on wide tma ov dc cs': 'bf16',
-                                      '128x192m2 s3 e32 on wide tma ov dc cs': 'f32'}),
+    (32768, 4096, 7168, 'ragged x8', {'128x192m2 s3 e64 on wide tma ov dc cs pw': 'bf16',
+                                      '128x192m2 s3 e32 on wide tma ov dc cs pw': 'f32'}),
     # groups of >= 8192 rows on average over long K loops: 192 x 128 tiles of three
     # consumers since 2026-11-28 ~22:10 (H200: 1.021-1.026x at 1-4 groups)
-    (32768, 4096, 7168, 'ragged x4', {'192x128m3 s3 e64 on tma ov dc cs': 'bf16',
-                                      '192x128m3 s3 e32 on tma ov dc cs': 'f32'}),
+    (32768, 4096, 7168, 'ragged x4', {'192x128m3 s3 e64 on tma ov dc cs pw': 'bf16',
+                                      '192x128m3 s3 e32 on tma ov dc cs pw': 'f32'}),
     # masked at large M since 2026-11-26: tiles of one chunk row per warpgroup
     # (128 x 256 ran 2.8-4x slower at K=7168), estimated over fills of M; 128 x 160
     # walked live-first since 2026-11-26 14:00 (4 x 256: 83.2 -> 70.2 us, H100); 192 x 128
     # in 4 stages with the scales in the ring since 2026-11-28 ~19:50 (H200: 1.025-1.03x),
     # walked live-first since 2026-11-29 (H200: 1.09-1.45x on the mean of random fills)
-    (1024, 4096, 7168, 'masked x1', {'192x128m3 s4 e64 on tma ov dc lf': 'bf16',
-                                     '192x128m3 s4 e32 on tma ov dc lf': 'f32'}),
-    (512, 4096, 7168, 'masked x2', {'192x128m3 s4 e64 om tma ov dc lf': 'bf16',
-                                    '192x128m3 s4 e32 om tma ov dc lf': 'f32'}),
+    (1024, 4096, 7168, 'masked x1', {'192x128m3 s4 e64 on tma ov dc lf pw': 'bf16',
+                                     '192x128m3 s4 e32 on tma ov dc lf pw': 'f32'}),
+    (512, 4096, 7168, 'masked x2', {'192x128m3 s4 e64 om tma ov dc lf pw': 'bf16',
+                                    '192x128m3 s4 e32 om tma ov dc lf pw': 'f32'}),
     # 128 x 160 over long K loops in 5 stages since 2026-11-28 ~22:30 (H200: 1.009-1.013x)
-    (256, 4096, 7168, 'masked x4', {'128x160m2 s5 e32 om wide lf dc': 'bf16 f32'}),
+    (256, 4096, 7168, 'masked x4', {'128x160m2 s5 e32 om wide lf dc pw': 'bf16 f32'}),
     (64, 4096, 7168, 'masked x32', {'64x256n2 s3 e64 om sep': 'bf16',
                                     '64x256n2 s3 e32 om sep': 'f32'}),
     # 2026-11-26: 128 x 256 split by columns (192 x 128 before), 0.4-2.9% faster
     (32768, 7168, 2048, 'ragged x4', {'128x256n2 s3 e64 on p72 tma': 'bf16',
                                    '128x256n2 s3 e32 on p72 tma': 'f32'}),
-    (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on dc lf': 'bf16',
-                                     '192x128m3 s3 e32 on dc lf': 'f32'}),
-    (512, 7168, 2048, 'masked x2', {'128x160m2 s4 e32 om wide lf dc': 'bf16 f32'}),
-    (256, 7168, 2048, 'masked x4', {'128x160m2 s4 e32 om wide lf dc': 'bf16 f32'}),
+    (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on dc lf pw': 'bf16',
+                                     '192x128m3 s3 e32 on dc lf pw': 'f32'}),
+    (512, 7168, 2048, 'masked x2', {'128x160m2 s4 e32 om wide lf dc pw': 'bf16 f32'}),
+    (256, 7168, 2048, 'masked x4', {'128x160m2 s4 e32 om wide lf dc pw': 'bf16 f32'}),
     (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
                                     '64x256n2 s3 e64 om sep': 'f32'}),
     # per-row b: warpgroups one above the other since the scales came by TMA (+13%),
     # a 5-deep ring (+3-8%); 128 x 160 since 2026-11-29 (H200, f32 out: 1.004-1.067x)
-    (7168, 18432, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
-    (7168, 18432, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
-    (18432, 7168, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
-    (18432, 7168, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma': 'bf16 f32'}),
+    (7168, 18432, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
+    (7168, 18432, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
+    (18432, 7168, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
+    (18432, 7168, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
     (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
                              '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
     (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
@@ -767,6 +769,28 @@ def test_descriptors_carried_where_measured():
   for fields in (dict(k_step=2), dict(wg_split="k", stages=4), dict(a_scale_window=4)):
     with pytest.raises(ValueError, match="desc_carry"):
       dataclasses.replace(hopper.HopperConfig(desc_carry=True), **fields).check()
+
+
+def test_one_producer_warp_where_measured():
+  """One warp fills the ring (HopperConfig.producer_warp) in the tilings of one chunk
+  a warpgroup where that was measured faster (H200 2026-11-29: dense 128 x 160, 128 x
+  192 and 192 x 128 +1.1-2.1%, masked +1.1-2.1%, ragged +1.8-1.9%, the weight
+  gradient's 128 x 160 +0.5%), not in 128 x 256 tiles (-1.6-1.8%), 256 x 128 pairs,
+  decode tiles or the short-K chained 192 x 128 tiles (not measured)."""
+  for m, n, k in ((4096, 2112, 7168), (1536, 1760, 57344), (2048, 2112, 7168)):
+    assert hopper_tiling.default_config(m, n, k).producer_warp, (m, n, k)
+  for m, n, k in ((4096, 7168, 2048), (4096, 4096, 7168), (128, 4096, 7168), (64, 2112, 7168),
+                  (4096, 32768, 512)):
+    assert not hopper_tiling.default_config(m, n, k).producer_warp, (m, n, k)
+  assert hopper_tiling.default_config(7168, 18432, 4096, out_dtype=jnp.float32,
+                                      b_scale_rows=1).producer_warp
+  assert hopper_tiling.default_config(32768, 4096, 7168, groups=8, grouped=True,
+                                      row_masks=True).producer_warp
+  assert not hopper_tiling.default_config(32768, 7168, 2048, groups=8, grouped=True,
+                                          row_masks=True).producer_warp
+  for g, cap, n, k in ((1, 1024, 4096, 7168), (2, 512, 4096, 7168), (4, 256, 7168, 2048)):
+    assert hopper_tiling.default_config(cap, n, k, groups=g, grouped=True).producer_warp
+  assert not hopper_tiling.default_config(64, 4096, 7168, groups=32, grouped=True).producer_warp
 
 
 def test_cost_model_chain_rule():

@@ -102,6 +102,7 @@ def spec(cfg) -> str:
   s += " ov" if getattr(cfg, "step_top_overlap", False) else ""
   s += " dc" if getattr(cfg, "desc_carry", False) else ""
   s += " cs" if getattr(cfg, "carried_slot", False) else ""
+  s += " pw" if getattr(cfg, "producer_warp", False) else ""
   return s + (" lf" if getattr(cfg, "live_first", False) else "")
 
 
