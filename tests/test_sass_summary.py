@@ -85,3 +85,25 @@ def test_rejects_a_file_without_the_header(tmp_path):
   path.write_text('"a","b"\n"1","2"\n')
   with pytest.raises(ValueError, match="no header row"):
     sass_summary.read_sass(str(path))
+
+
+# An export with per-reason columns (ncu writes every stall_* twice: all samples and
+# "(Not Issued)"); only the first set counts.
+_SASS_REASONS = '''"Kernel Name","k",
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier","stall_not_selected","stall_barrier (Not Issued)"
+"0x00","      QGMMA.64x160x32.F32.E4M3.E4M3 R24, gdesc[UR16], RZ, !UPT","4","448","0","4","0"
+"0x10","      WARPGROUP.DEPBAR.LE gsb0, 0x0","30","448","30","0","30"
+"0x20","      FFMA R30, R24, R220, R30","6","448","0","6","0"
+"0x30","      EXIT","1","1","0","1","0"
+'''
+
+
+def test_hot_loop_stall_reasons(tmp_path, capsys):
+  path = tmp_path / "reasons.csv"
+  path.write_text(_SASS_REASONS)
+  lines = sass_summary.read_sass(str(path))
+  assert lines[1].reasons == (("barrier", 30),)
+  hot = [ln for ln in lines if ln.executed == 448]
+  assert sass_summary.stall_reasons(hot) == [("barrier", 30, 0.75), ("not_selected", 10, 0.25)]
+  assert sass_summary.main([str(path)]) == 0
+  assert "its stall reasons: barrier 75.0%, not_selected 25.0%" in capsys.readouterr().out

@@ -7,7 +7,9 @@ instructions and stall samples go. Runs anywhere (no GPU).
 Prints the report's headline metrics (with --details), the opcode mix (share of executed
 instructions and of stall samples), the lines with the most stall samples, and the hot
 loop: the instructions executed as often as most of the kernel's tensor-core MMAs (one K
-step of one warp), with --loop each of them, else only how many there are.
+step of one warp), with --loop each of them, else only how many there are, and where the
+export has them the hot loop's stall reasons (its share of samples on each; two kernels'
+consumers side by side: which waits the slower one spends its extra cycles in).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import sys
 
 EXECUTED = "Instructions Executed"
 SAMPLES = "Warp Stall Sampling (All Samples)"
+STALL_PREFIX = "stall_"
 MMA_OPCODES = ("QGMMA", "HGMMA", "IGMMA", "BGMMA", "UTCQMMA", "UTCHMMA", "UTCMMA", "UTCOMMA")
 # (A name ncu repeats across sections keeps its first value: "Memory Throughput" is the
 # Speed Of Light percentage.)
@@ -37,6 +40,7 @@ class Line:
   text: str
   executed: int
   samples: int
+  reasons: tuple = ()  # (stall reason, samples) of the export's stall_* columns, nonzero
 
   @property
   def opcode(self) -> str:
@@ -65,8 +69,27 @@ def read_sass(path: str) -> list[Line]:
       break
   else:
     raise ValueError(f"{path}: no header row with 'Source' and '{EXECUTED}'")
-  return [Line(i, r[src].strip(), _int(r[ex]), _int(r[sm]) if sm is not None else 0)
+  # Per-reason samples: "stall_barrier", ... (not their "(Not Issued)" twins).
+  reason_cols = [(j, name[len(STALL_PREFIX):]) for j, name in enumerate(rows[h])
+                 if name.startswith(STALL_PREFIX) and not name.endswith("(Not Issued)")]
+
+  def reasons(r):
+    return tuple((name, n) for j, name in reason_cols if j < len(r) and (n := _int(r[j])))
+  return [Line(i, r[src].strip(), _int(r[ex]), _int(r[sm]) if sm is not None else 0,
+               reasons(r))
           for i, r in enumerate(rows[h + 1:]) if len(r) > max(src, ex)]
+
+
+def stall_reasons(lines: list[Line]) -> list[tuple[str, int, float]]:
+  """(reason, samples, share) over the lines' per-reason samples, most first (what a
+  warp waited on: "barrier" is a WGMMA wait, "not_selected" an eligible warp another
+  warp's issue kept waiting, "long_sb" a GMEM load, ...)."""
+  total = collections.Counter()
+  for ln in lines:
+    for name, n in ln.reasons:
+      total[name] += n
+  whole = sum(total.values()) or 1
+  return [(name, n, n / whole) for name, n in total.most_common()]
 
 
 def read_details(path: str) -> dict[str, str]:
@@ -127,6 +150,9 @@ def main(argv=None) -> int:
     print(f"\nhot loop (executed {count:,} times): {len(hot)} instructions, {mma} MMA, "
           f"{ffma} FFMA, {len(hot) - mma - ffma} other; "
           f"{100 * sum(ln.samples for ln in hot) / total_st:.1f}% of stall samples")
+    if any(ln.reasons for ln in hot):
+      print("  its stall reasons: " + ", ".join(
+          f"{name} {100 * share:.1f}%" for name, _, share in stall_reasons(hot)[:args.top]))
     if args.loop:
       for ln in hot:
         if ln.opcode != "FFMA":
