@@ -143,6 +143,11 @@ class HopperConfig:
     window (their loops do not carry them)."""
     return self.k_step == 1 and self.k_stride == 1 and not self.a_scale_window
 
+  def can_use_producer_warp(self) -> bool:
+    """Whether producer_warp is allowed: one warp's loads take no cluster (its
+    multicast copies) and no staged a-scale window (a warpgroup's scale loads)."""
+    return self.cluster_m * self.cluster_n == 1 and not self.a_scale_window
+
   def chunk(self) -> tuple[int, int]:
     """(rows, columns) of one WGMMA chunk."""
     _, wn = self.wg_tile()
@@ -220,7 +225,7 @@ class HopperConfig:
     if self.step_top_overlap and not self.tma_scales:
       raise ValueError("step_top_overlap reads a step's scales from its ring slot: it needs "
                        "tma_scales")
-    if self.producer_warp and (self.cluster_m * self.cluster_n > 1 or self.a_scale_window):
+    if self.producer_warp and not self.can_use_producer_warp():
       raise ValueError("producer_warp: one warp's loads take no cluster (cluster_m = "
                        "cluster_n = 1) and no a_scale_window (a warpgroup's scale loads)")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:

@@ -633,9 +633,8 @@ def producer_warp_pays(cfg: HopperConfig, k: int) -> bool:
   """Whether one warp issues the ring's loads (PRODUCER_WARP_TILES over K loops of
   PRODUCER_WARP_MIN_K_BLOCKS or more, one-block steps, no cluster, no staged a-scale
   window)."""
-  return (tile_key(cfg) in PRODUCER_WARP_TILES and cfg.k_step == 1
-          and _cdiv(k, K_BLOCK) >= PRODUCER_WARP_MIN_K_BLOCKS
-          and cfg.cluster_m * cfg.cluster_n == 1 and not cfg.a_scale_window)
+  return (cfg.can_use_producer_warp() and tile_key(cfg) in PRODUCER_WARP_TILES
+          and cfg.k_step == 1 and _cdiv(k, K_BLOCK) >= PRODUCER_WARP_MIN_K_BLOCKS)
 
 
 def carried_slot_pays(cfg: HopperConfig, *, grouped: bool, masked: bool) -> bool:

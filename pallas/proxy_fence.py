@@ -44,6 +44,7 @@ def _lowering(ctx):
   return ()
 
 
+# Code of one warp only (warpgroup code has Pallas's commit_smem).
 for _lower in (mgpu.LoweringSemantics.Lane, mgpu.LoweringSemantics.Warpgroup):
-  for _thread in (gpu_core.PrimitiveSemantics.Warp, gpu_core.PrimitiveSemantics.Warpgroup):
-    lowering.register_lowering_rule(async_proxy_fence_p, _lower, _thread)(_lowering)
+  lowering.register_lowering_rule(async_proxy_fence_p, _lower,
+                                  gpu_core.PrimitiveSemantics.Warp)(_lowering)
