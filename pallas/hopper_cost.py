@@ -620,21 +620,22 @@ def desc_carry_pays(cfg: HopperConfig, m: int, k: int, *, grouped: bool, masked:
 # Tilings whose ring is filled by one producer warp (HopperConfig.producer_warp): one
 # WGMMA chunk a consumer warpgroup. Dense, against the four-warp producer (H200
 # 2026-11-29, bf16 output, outputs checked): 128 x 160 +1.0-2.1%, 128 x 192 +1.2%,
-# 192 x 128 of three consumers +1.4-2.2%; two chunks a warpgroup (128 x 256 split by
-# columns) 1.6-1.8% slower. Nsight Compute (1536x1760x57344, 128 x 160) put the four
-# warps' ~35 instructions a step beside the consumers' promotions, whose warps lost
-# 89 cycles a step "not selected" (DeepGEMM's, of one producer warp: 21). Measured
-# over K >= 2048 only (the short-K chained tiles, e.g. 4096x32768x512, keep four warps).
-PRODUCER_WARP_TILES = ((128, 160, "m", 2), (128, 192, "m", 2), (192, 128, "m", 3))
-PRODUCER_WARP_MIN_K_BLOCKS = 16
+# 192 x 128 of three consumers +1.4-2.2%, and +1.7% over 4 K blocks (4096x32768x512);
+# two chunks a warpgroup (128 x 256 split by columns) 1.6-1.8% slower, 256 x 128 and
+# 128 x 128 over 16 / 56 K blocks 1.0-1.1% slower. Nsight Compute (1536x1760x57344,
+# 128 x 160) put the four warps' ~35 instructions a step beside the consumers'
+# promotions, whose warps lost 89 cycles a step "not selected" (DeepGEMM's, of one
+# producer warp: 21). Tile -> the fewest K blocks it was measured from (the
+# two-consumer tiles over K >= 2048 only).
+PRODUCER_WARP_TILES = {(128, 160, "m", 2): 16, (128, 192, "m", 2): 16, (192, 128, "m", 3): 1}
 
 
 def producer_warp_pays(cfg: HopperConfig, k: int) -> bool:
   """Whether one warp issues the ring's loads (PRODUCER_WARP_TILES over K loops of
-  PRODUCER_WARP_MIN_K_BLOCKS or more, one-block steps, no cluster, no staged a-scale
-  window)."""
-  return (cfg.can_use_producer_warp() and tile_key(cfg) in PRODUCER_WARP_TILES
-          and cfg.k_step == 1 and _cdiv(k, K_BLOCK) >= PRODUCER_WARP_MIN_K_BLOCKS)
+  at least their blocks, one-block steps, no cluster, no staged a-scale window)."""
+  min_blocks = PRODUCER_WARP_TILES.get(tile_key(cfg))
+  return (cfg.can_use_producer_warp() and min_blocks is not None
+          and cfg.k_step == 1 and _cdiv(k, K_BLOCK) >= min_blocks)
 
 
 def carried_slot_pays(cfg: HopperConfig, *, grouped: bool, masked: bool) -> bool:

@@ -123,7 +123,9 @@ FROZEN_PICKS = [
     # since 2026-11-27 10:30 (+0.5-0.9%, their 12 spilled bytes outside the K loop; with
     # a float32 output or a residual 0.4-1.4% slower); 192 x 128 tiles of three consumers
     # in 4 stages with carried descriptors since 2026-11-28 ~17:40 (H200: +2.2-2.6%)
-    # where no residual's ring takes their fourth stage
+    # where no residual's ring takes their fourth stage; one producer warp ("pw") in
+    # one-chunk tiles since 2026-11-29 ~07:00 (H200: +1.1-2.1%), 192 x 128 ones over
+    # short K loops too since 2026-11-29 ~09:20 (+1.7% at 4096x32768x512)
     (4096, 2112, 7168, '', {'192x128m3 s4 e64 on tma ov dc pw': 'bf16',
                             '128x192m2 s4 e64 on wide tma ov dc pw': 'bf16+cbf16',
                             '128x192m2 s3 e64 on wide tma ov dc pw': 'bf16+cf32',
@@ -134,8 +136,8 @@ FROZEN_PICKS = [
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                              '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                              '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
-    (4096, 32768, 512, '', {'192x128m3 s4 e128 on tma ov': 'bf16',
-                            '192x128m3 s2 e32 on tma ov': 'bf16+cf32',
+    (4096, 32768, 512, '', {'192x128m3 s4 e128 on tma ov pw': 'bf16',
+                            '192x128m3 s2 e32 on tma ov pw': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # 256 x 128 tiles in pairs sharing A over long K loops since 2026-11-27 (H100:
@@ -774,14 +776,20 @@ def test_descriptors_carried_where_measured():
 def test_one_producer_warp_where_measured():
   """One warp fills the ring (HopperConfig.producer_warp) in the tilings of one chunk
   a warpgroup where that was measured faster (H200 2026-11-29: dense 128 x 160, 128 x
-  192 and 192 x 128 +1.1-2.1%, masked +1.1-2.1%, ragged +1.8-1.9%, the weight
-  gradient's 128 x 160 +0.5%), not in 128 x 256 tiles (-1.6-1.8%), 256 x 128 pairs,
-  decode tiles or the short-K chained 192 x 128 tiles (not measured)."""
-  for m, n, k in ((4096, 2112, 7168), (1536, 1760, 57344), (2048, 2112, 7168)):
+  192 and 192 x 128 +1.1-2.1%, 192 x 128 over 4 K blocks +1.7%, masked +1.1-2.1%,
+  ragged +1.8-1.9%, the weight gradient's 128 x 160 +0.5%), not in 128 x 256 tiles
+  (-1.6-1.8%), 256 x 128 or 128 x 128 tiles (-1.0-1.1%), decode tiles or short-K
+  two-consumer tiles (not measured)."""
+  for m, n, k in ((4096, 2112, 7168), (1536, 1760, 57344), (2048, 2112, 7168),
+                  (4096, 32768, 512)):
     assert hopper_tiling.default_config(m, n, k).producer_warp, (m, n, k)
   for m, n, k in ((4096, 7168, 2048), (4096, 4096, 7168), (128, 4096, 7168), (64, 2112, 7168),
-                  (4096, 32768, 512)):
+                  (1024, 4096, 7168), (2000, 7168, 2048)):
     assert not hopper_tiling.default_config(m, n, k).producer_warp, (m, n, k)
+  short_two_consumers = dataclasses.replace(
+      hopper_tiling.default_config(1536, 1760, 57344), producer_warp=False)
+  assert hopper_cost.producer_warp_pays(short_two_consumers, 16 * 128)
+  assert not hopper_cost.producer_warp_pays(short_two_consumers, 15 * 128)
   assert hopper_tiling.default_config(7168, 18432, 4096, out_dtype=jnp.float32,
                                       b_scale_rows=1).producer_warp
   assert hopper_tiling.default_config(32768, 4096, 7168, groups=8, grouped=True,
