@@ -24,3 +24,21 @@ def test_a_failing_form_fails_the_run(monkeypatch, capsys):
   monkeypatch.setattr(interpret_forms, "run_form", broken)
   assert interpret_forms.main(["--shapes=required", "--forms=0:1"]) == 1
   assert "FAIL relative error 1.0" in capsys.readouterr().out
+
+
+def test_new_forms_are_those_the_other_rules_never_pick(monkeypatch):
+  """--new_since: this checkout's rules against themselves add nothing; against rules
+  that pick one other config everywhere, every form is new."""
+  import dataclasses
+  from jax_fp8.pallas import hopper_tiling
+  here = os.path.join(os.path.dirname(__file__), "..", "pallas", "hopper_tiling.py")
+  assert interpret_forms.new_forms("required", here) == []
+
+  class Other:
+    @staticmethod
+    def default_config(m, n, k, **kw):
+      return dataclasses.replace(hopper_tiling.default_config(m, n, k, **kw), stages=99)
+
+  import tiling_picks
+  monkeypatch.setattr(tiling_picks, "load_revision", lambda rev: Other)
+  assert interpret_forms.new_forms("required", "any") == interpret_forms.forms("required")

@@ -2,6 +2,7 @@
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
         python tools/interpret_forms.py [--shapes=required|sweep|both] [--forms=START:STOP]
+        python tools/interpret_forms.py --new_since=main     # what a rule change adds
 
 A form is a default config (pallas/hopper_tiling.default_config) of the shapes of
 tools/tiling_picks.py, with its kind (dense, with a residual c, per-row b scales,
@@ -12,7 +13,9 @@ the ring) under `jax_fp8.testing.gpu_interpret_mode` (races, TMA alignment) and
 is checked against the float64 reference of its contract. The GPU tests run the
 rules' picks at the benchmark shapes only: this covers the forms the rules take
 elsewhere (2026-11-28: 301 forms of required + sweep, all passing, ~20 min on 2
-cores). Prints one line per form and exits 1 if any failed.
+cores). With --new_since=REV only the forms REV's rules never pick run: those a change of
+the rules adds (2026-11-29: 18 forms, the 192 x 128 tiles' producer warp over short K, ~2
+min). Prints one line per form and exits 1 if any failed.
 """
 from __future__ import annotations
 
@@ -27,21 +30,33 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def forms(shapes: str) -> list[tuple[tuple, tuple[int, int, int]]]:
-  """[((kind, out_dtype, c_dtype, config), first (m, n, k) picking it)], in order."""
+def forms(shapes: str, default_config=None) -> list[tuple[tuple, tuple[int, int, int]]]:
+  """[((kind, out_dtype, c_dtype, config), first (m, n, k) picking it)], in order, of
+  the rules' default_config (this checkout's pallas/hopper_tiling.default_config, or
+  another revision's)."""
   import tiling_picks
   from jax_fp8.pallas import hopper_tiling
+  default_config = default_config or hopper_tiling.default_config
   gens = {"required": (tiling_picks.required,), "sweep": (tiling_picks.sweep,),
           "both": (tiling_picks.required, tiling_picks.sweep)}[shapes]
   found: dict = {}
   for gen in gens:
     for m, n, k, _, kw in gen():
-      cfg = hopper_tiling.default_config(m, n, k, **kw)
+      cfg = default_config(m, n, k, **kw)
       kind = ("ragged" if kw.get("row_masks") else "masked" if kw.get("grouped") else
               "per-row" if kw.get("b_scale_rows") == 1 else "dense")
       key = (kind, kw.get("out_dtype"), kw.get("c_dtype"), dataclasses.replace(cfg, group=0))
       found.setdefault(key, (m, n, k))
   return list(found.items())
+
+
+def new_forms(shapes: str, rev: str) -> list[tuple[tuple, tuple[int, int, int]]]:
+  """The forms of this checkout's rules that the rules of `rev` (a git revision, or the
+  path of its pallas/hopper_tiling.py: tiling_picks.load_revision) never pick: what a
+  change of the rules asks interpret mode to check."""
+  import tiling_picks
+  old = {key for key, _ in forms(shapes, tiling_picks.load_revision(rev).default_config)}
+  return [(key, shape) for key, shape in forms(shapes) if key not in old]
 
 
 def small_problem(cfg, m0: int) -> tuple[int, int, int]:
@@ -90,10 +105,14 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shapes", choices=("required", "sweep", "both"), default="both")
   p.add_argument("--forms", default=":", help="START:STOP of the forms, in order")
+  p.add_argument("--new_since", default=None, metavar="REV",
+                 help="only the forms the rules of REV (a git revision, or the path of its "
+                      "pallas/hopper_tiling.py) do not pick")
   args = p.parse_args(argv)
   import numpy as np
   import tiling_picks
-  items = forms(args.shapes)
+  items = forms(args.shapes) if args.new_since is None else new_forms(args.shapes,
+                                                                      args.new_since)
   start, _, stop = args.forms.partition(":")
   lo, hi = int(start or 0), int(stop or len(items))
   print(f"{len(items)} forms; running {lo}..{hi}", flush=True)
