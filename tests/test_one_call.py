@@ -33,3 +33,11 @@ def test_case_operands_match_the_kernels_avals(case, groups):
     elif o.dtype != jnp.int32:  # FP8 values, finite and not all zero
       v = np.asarray(o.astype(jnp.float32))
       assert np.all(np.isfinite(v)) and np.any(v != 0)
+
+
+def test_deepgemm_backend_says_what_it_needs(monkeypatch):
+  """--backend=deepgemm runs DeepGEMM's GEMM where `import deep_gemm` works (a peer
+  built on the GPU machine); elsewhere it stops with the reason."""
+  monkeypatch.setitem(sys.modules, "deep_gemm", None)  # an import of it fails
+  with pytest.raises(SystemExit, match="needs `import deep_gemm`.*build_deepgemm"):
+    one_call.deepgemm_calls((None, None, None, None), 1)

@@ -15,7 +15,11 @@
 # --details=$OUT/details_<shape>.csv` (any machine). About 15 s per shape on the H100.
 # Knobs: NCU_ARGS (extra ncu flags, e.g. "--launch-skip 5"), ONE_CALL_ARGS (e.g.
 # "--out_dtype=float32", or "--variant=a_scale_window=4" for a config variant), NCU_TAG
-# (a suffix of the output names, to keep two profiles of one shape apart).
+# (a suffix of the output names, to keep two profiles of one shape apart), NCU_KERNEL
+# (ncu's -k filter of the kernel to profile, default regex:mosaic_gpu). DeepGEMM's GEMM
+# beside ours (where `import deep_gemm` works):
+#   NCU_KERNEL=regex:fp8_gemm NCU_TAG=_deepgemm ONE_CALL_ARGS=--backend=deepgemm \
+#     bash tools/ncu_sass.sh 1536x1760x57344
 set -u -o pipefail
 OUT="${OUT:-$PWD/.out}"
 mkdir -p "$OUT"
@@ -26,8 +30,10 @@ status=0
 for shape in "$@"; do
   tag="${shape//:/_}${NCU_TAG:-}"   # (no ':' in the file names)
   rep="$OUT/profile_$tag"
-  # The kernel's calls are the only launches whose name has "mosaic_gpu"; skip three of four.
-  if ncu --launch-skip 3 --launch-count 1 -k regex:mosaic_gpu --clock-control none --set full \
+  # The kernel's calls are the only launches whose name has "mosaic_gpu" (DeepGEMM's:
+  # "fp8_gemm"); skip three of four.
+  if ncu --launch-skip 3 --launch-count 1 -k "${NCU_KERNEL:-regex:mosaic_gpu}" \
+         --clock-control none --set full \
          --import-source yes ${NCU_ARGS:-} -f -o "$rep" \
          python3 tools/one_call.py "$shape" ${ONE_CALL_ARGS:-} > "$OUT/ncu_$tag.log" 2>&1; then
     ncu --import "$rep.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/sass_$tag.csv.gz"

@@ -4,6 +4,7 @@ the last call).
     python3 tools/one_call.py 4096x2112x7168 [--backend=pallas_sm90] [--calls=4]
                               [--out_dtype=bfloat16] [--variant="a_scale_window=4,stages=4"]
     python3 tools/one_call.py ragged:8x4096x4096x7168 [--variant=...]
+    python3 tools/one_call.py 1536x1760x57344 --backend=deepgemm   # DeepGEMM's 1D2D GEMM
 
 A plain MxNxK runs jax_fp8.blockwise_fp8_dot through --backend. A case of
 tools/spill_check.py's syntax (KIND:DIMS: dense, fp8out, wgrad, glu, glu8, masked,
@@ -11,6 +12,9 @@ ragged) runs the Hopper kernel directly at that case's default config, on random
 operands: ragged groups of ROWS rows each, masked groups filled to their capacity.
 --variant: HopperConfig fields replaced in the default config (the form of
 tools/compare_configs.py), which then runs through the Hopper kernel directly.
+--backend=deepgemm (a plain MxNxK, bf16 output) calls DeepGEMM's `fp8_gemm_nt` instead,
+where `import deep_gemm` works (a peer built on the GPU machine, tools/build_deepgemm.sh),
+on the same operands: its kernel's profile beside ours (tools/ncu_sass.sh, NCU_KERNEL).
 """
 from __future__ import annotations
 
@@ -37,6 +41,36 @@ def case_operands(avals, group_rows: int, seed: int = 0):
       values = np.clip(rng.standard_normal(aval.shape) * 64, -448, 448)  # e4m3's range
       ops.append(jnp.asarray(values, jnp.float32).astype(aval.dtype))
   return ops
+
+
+def torch_operands(ops):
+  """jax_fp8's (a, a_scale, b, b_scale) as CUDA torch tensors of the same values
+  (FP8 as torch.float8_e4m3fn, scales float32)."""
+  import numpy as np
+  import torch
+  to = lambda x: torch.from_numpy(np.asarray(x, np.float32)).cuda()  # noqa: E731
+  a, sa, b, sb = ops
+  return (to(a.astype("float32")).to(torch.float8_e4m3fn), to(sa),
+          to(b.astype("float32")).to(torch.float8_e4m3fn), to(sb))
+
+
+def deepgemm_calls(ops, calls: int):
+  """DeepGEMM 2.6.1's dense 1D2D GEMM on jax_fp8's operands, `calls` times: d [M, N]
+  bf16 = a b^T with a's 1x128 and b's 128x128 scales (its a-scales in the MN-major layout
+  its kernel reads, made once before the calls)."""
+  try:
+    import deep_gemm
+    import torch
+  except Exception as e:  # noqa: BLE001 (not built here, or no torch)
+    raise SystemExit(f"one_call: --backend=deepgemm needs `import deep_gemm` "
+                     f"({type(e).__name__}: {e}); tools/build_deepgemm.sh builds it") from e
+  a, sa, b, sb = torch_operands(ops)
+  sa = deep_gemm.get_mn_major_tma_aligned_tensor(sa)
+  d = torch.empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16, device=a.device)
+  for _ in range(calls):
+    deep_gemm.fp8_gemm_nt((a, sa), (b, sb), d)
+  torch.cuda.synchronize()
+  return d
 
 
 def main() -> int:
@@ -66,6 +100,13 @@ def main() -> int:
     m, n, k = (int(x) for x in args.shape.lower().split("x"))
     ops = autotune.random_operands(0, m, n, k)[:4]
     out_dtype = jnp.dtype(args.out_dtype)
+    if args.backend == "deepgemm":
+      if variant or out_dtype != jnp.bfloat16:
+        raise SystemExit("one_call: --backend=deepgemm takes no --variant and writes bfloat16")
+      d = deepgemm_calls(ops, args.calls)
+      print(f"one_call: {args.shape} deepgemm x{args.calls}: out {tuple(d.shape)} {d.dtype}, "
+            f"finite: {bool(d.float().isfinite().all())}")
+      return 0
     if variant:
       import dataclasses
       from jax_fp8.pallas import hopper, hopper_tiling
