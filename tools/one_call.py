@@ -65,7 +65,8 @@ def deepgemm_calls(ops, calls: int):
     raise SystemExit(f"one_call: --backend=deepgemm needs `import deep_gemm` "
                      f"({type(e).__name__}: {e}); tools/build_deepgemm.sh builds it") from e
   a, sa, b, sb = torch_operands(ops)
-  sa = deep_gemm.get_mn_major_tma_aligned_tensor(sa)
+  layout = getattr(deep_gemm, "get_mn_major_tma_aligned_tensor", None)
+  sa = sa if layout is None else layout(sa)  # (else its call transposes them itself)
   d = torch.empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16, device=a.device)
   for _ in range(calls):
     deep_gemm.fp8_gemm_nt((a, sa), (b, sb), d)
