@@ -43,33 +43,25 @@ def case_operands(avals, group_rows: int, seed: int = 0):
   return ops
 
 
-def torch_operands(ops):
-  """jax_fp8's (a, a_scale, b, b_scale) as CUDA torch tensors of the same values
-  (FP8 as torch.float8_e4m3fn, scales float32)."""
-  import numpy as np
-  import torch
-  to = lambda x: torch.from_numpy(np.asarray(x, np.float32)).cuda()  # noqa: E731
-  a, sa, b, sb = ops
-  return (to(a.astype("float32")).to(torch.float8_e4m3fn), to(sa),
-          to(b.astype("float32")).to(torch.float8_e4m3fn), to(sb))
-
-
 def deepgemm_calls(ops, calls: int):
   """DeepGEMM 2.6.1's dense 1D2D GEMM on jax_fp8's operands, `calls` times: d [M, N]
-  bf16 = a b^T with a's 1x128 and b's 128x128 scales (its a-scales in the MN-major layout
-  its kernel reads, made once before the calls)."""
+  bf16 = a b^T with a's 1x128 and b's 128x128 scales, handed over as the dense
+  benchmark's DeepGEMM contender hands them (benchmarks/workloads/deepgemm.py: the
+  a-scales in the layout its kernel reads, made once before the calls)."""
   try:
     import deep_gemm
-    import torch
-  except Exception as e:  # noqa: BLE001 (not built here, or no torch)
+  except Exception as e:  # noqa: BLE001 (not built here)
     raise SystemExit(f"one_call: --backend=deepgemm needs `import deep_gemm` "
                      f"({type(e).__name__}: {e}); tools/build_deepgemm.sh builds it") from e
-  a, sa, b, sb = torch_operands(ops)
-  layout = getattr(deep_gemm, "get_mn_major_tma_aligned_tensor", None)
-  sa = sa if layout is None else layout(sa)  # (else its call transposes them itself)
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  from harness import torch_glue
+  from workloads import deepgemm
+  torch = torch_glue.cuda_torch()
+  a, sa, b, sb = (torch_glue.to_torch(x) for x in ops)
+  sa = deepgemm.mn_major_scales(deep_gemm, sa)
   d = torch.empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16, device=a.device)
   for _ in range(calls):
-    deep_gemm.fp8_gemm_nt((a, sa), (b, sb), d)
+    deep_gemm.fp8_gemm_nt((a, sa), (b, sb.contiguous()), d)
   torch.cuda.synchronize()
   return d
 
