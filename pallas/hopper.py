@@ -581,15 +581,22 @@ class _Warpgroup:
     def body(ks, state):
       carry, slot, ready, fields = state
       # (the plain loop advances its slot after the step: as measured)
-      nxt = inputs.next_index(slot) if overlap or carried else None
-      tested = []
-      hook = (lambda: tested.append(inputs.full_ready(nxt)),) if overlap else ()
+      # With probe_in_flight the probe also forms the next index.
+      top = (overlap or carried) and not self.cfg.probe_in_flight
+      nxt = inputs.next_index(slot) if top else None
+      probed = []
+
+      def probe():  # -> (next index, its barrier tested); run where the step puts it
+        n = inputs.next_index(slot) if nxt is None else nxt
+        return n, inputs.full_ready(n)
+      hook = ((probe, probed.append),) if overlap else ()
       with inputs.consume_slot(slot, ready if overlap else None):
         carry = k_step(slot, ks, carry, *hook, fields=fields)
-      if nxt is None:
+      if probed:
+        nxt, ready = probed[0]
+      elif nxt is None:
         nxt = inputs.next_index(slot)
-      return (carry, nxt, tested[0] if overlap else ready,
-              self.slot_fields(nxt) if carried else None)
+      return carry, nxt, ready, self.slot_fields(nxt) if carried else None
     first = inputs.stage(step0).index
     # False: a pass's first step waits (a loop value, unread, in carrying loops
     # without the overlap: as measured).
@@ -642,8 +649,10 @@ class _Warpgroup:
     tokens (RESULTS.md, 2026-11-26).
 
     scales may be a function returning them (step_top_overlap): it is called
-    once the step's first WGMMA is issued, and after_last_wgmma (if given) once
-    its last one is waited for, before that chunk's promotion."""
+    once the step's first WGMMA is issued. after_last_wgmma (if given) is a pair
+    (probe, keep): keep(probe()), probe called once the step's last WGMMA is
+    waited for, before that chunk's promotion, or with probe_in_flight once it
+    is issued."""
     cfg = self.cfg
     cm, cn = cfg.chunk()
     pn = cfg.piece_n()
@@ -661,24 +670,30 @@ class _Warpgroup:
 
         read_scales = callable(scales)
 
-        def mma(block_ref, rows=rows, cols=cols, kcols=kcols, read_scales=read_scales):
+        last = after_last_wgmma is not None and j == k_step - 1 and (r, c) == self.chunks[-1]
+        hook_in_flight = last and cfg.probe_in_flight
+
+        def mma(block_ref, rows=rows, cols=cols, kcols=kcols, read_scales=read_scales,
+                hook_in_flight=hook_in_flight):
           plgpu.wgmma(block_ref, a_slot.at[pl.ds(rows, cm), kcols],
                       b_slot.at[pl.ds(cols, cn), kcols].T)
           read = scales() if read_scales else None  # while the WGMMA runs
-          return block_ref[...], read
+          hooked = after_last_wgmma[0]() if hook_in_flight else None
+          return block_ref[...], read, hooked
 
         with jax.named_scope("wgmma"):  # issue to wait (pallas/hopper.profiled)
           if fields is not None:  # descriptors carried (one-block steps)
             row = wgmma_desc.ROW_FIELD
             in_flight = wgmma_desc.issue(fields[0] + r * row, fields[1] + c * row, cm, cn)
             read = scales() if read_scales else None  # while the WGMMA runs
+            hooked = after_last_wgmma[0]() if hook_in_flight else None
             block = wgmma_desc.done(in_flight)
           else:
-            block, read = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
+            block, read, hooked = pl.run_scoped(mma, plgpu.ACC((cm, cn), jnp.float32))
         if read_scales:
           scales = read
-        if after_last_wgmma and j == k_step - 1 and (r, c) == self.chunks[-1]:
-          after_last_wgmma()
+        if last:
+          after_last_wgmma[1](hooked if hook_in_flight else after_last_wgmma[0]())
         # promote: the f32 sum over K blocks runs outside the tensor cores, a
         # part (each within one 128-row block of b) at a time.
         for p in range(0, cn, pn):

@@ -86,6 +86,10 @@ class HopperConfig:
   carries its ring slot from step to step (and with step_top_overlap tests the
   next slot's barrier ahead), as a dense pass does, instead of deriving the
   slot from the pipeline step.
+  probe_in_flight (with step_top_overlap, in loops carrying their slot): the
+  next slot's barrier test (and the next slot's index) is made once the step's
+  last WGMMA is issued, while it runs, instead of once it is waited for: off
+  the chain from the WGMMA's completion to the next step's first WGMMA.
   producer_warp: one warp of the producer warpgroup issues the ring's loads
   (plgpu.warp_map; the other three idle at once), so that its instructions
   a step (the slot's wait, the proxy fence before refilling the ring's
@@ -117,6 +121,7 @@ class HopperConfig:
   desc_carry: bool = False
   carried_slot: bool = False
   producer_warp: bool = False
+  probe_in_flight: bool = False
 
   def wg_tile(self) -> tuple[int, int]:
     if self.wg_split == "m":
@@ -222,6 +227,9 @@ class HopperConfig:
     if self.desc_carry and not self.can_carry_descriptors():
       raise ValueError("desc_carry needs one-block steps (k_step=1), no K split among the "
                        "warpgroups and no a_scale_window")
+    if self.probe_in_flight and not self.step_top_overlap:
+      raise ValueError("probe_in_flight moves step_top_overlap's barrier test: it needs "
+                       "step_top_overlap")
     if self.step_top_overlap and not self.tma_scales:
       raise ValueError("step_top_overlap reads a step's scales from its ring slot: it needs "
                        "tma_scales")

@@ -638,6 +638,19 @@ def producer_warp_pays(cfg: HopperConfig, k: int) -> bool:
           and cfg.k_step == 1 and _cdiv(k, K_BLOCK) >= min_blocks)
 
 
+def probe_in_flight_pays(cfg: HopperConfig, *, grouped: bool) -> bool:
+  """Whether a K loop that tests the next slot's barrier ahead (step_top_overlap,
+  in a loop carrying its slot) tests it while the step's last WGMMA runs
+  (HopperConfig.probe_in_flight): two consumer warpgroups. Against the test after
+  the WGMMA's wait (H200 2026-11-29, outputs checked): 256 x 128 pairs +1.2-1.5%
+  (4096x18432x7168, 4096x7168x18432, 4096x7168x16384), 128 x 128 +1.0%
+  (2048x7168x16384), 128 x 160 +0.4-0.6% (1536x1760x57344), ragged 128 x 192
+  +0.1%; three consumers (192 x 128) 3.5-4.2% slower (4096x2112x7168, ragged
+  4 x 8192)."""
+  loop_probes = not grouped or cfg.carried_slot
+  return cfg.step_top_overlap and loop_probes and cfg.consumers == 2
+
+
 def carried_slot_pays(cfg: HopperConfig, *, grouped: bool, masked: bool) -> bool:
   """Whether a ragged tiling's K loop carries its ring slot (HopperConfig.carried_slot):
   where each consumer warpgroup holds one WGMMA chunk. Against the slot derived

@@ -99,6 +99,10 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
     (400, 260, 1000, dataclasses.replace(THREE_WG, stages=4, tma_scales=True,
                                          step_top_overlap=True, desc_carry=True),
      False, BF16, 1.0, None),
+    (400, 260, 1000, dataclasses.replace(THREE_WG, stages=4, tma_scales=True,
+                                         step_top_overlap=True, desc_carry=True,
+                                         probe_in_flight=True),
+     True, F32, 0.5, jnp.float32),
     (70, 100, 300, NARROW, True, F32, 0.5, jnp.float32),
     (5, 128, 640, NARROW, False, BF16, 1.0, None),
     # 2-CTA clusters sharing B by TMA multicast; 3 M tiles: one CTA runs past M
@@ -817,7 +821,7 @@ def test_gpu_step_top_overlap_changes_no_bit(m, n, k, out_dtype):
   a, sa, b, sb, _ = _gpu_operands(m, n, k, 6, False)
   outs = [np.asarray(jax.jit(lambda *x, c=c: hopper.blockwise_fp8_dot(
       *x, None, beta=1.0, out_dtype=out_dtype, config=c))(a, sa, b, sb).astype(F32))
-      for c in (cfg, dataclasses.replace(cfg, step_top_overlap=False))]
+      for c in (cfg, dataclasses.replace(cfg, step_top_overlap=False, probe_in_flight=False))]
   assert np.isfinite(outs[0]).all()
   np.testing.assert_array_equal(outs[0], outs[1])
 

@@ -75,6 +75,8 @@ def _config(spec: str) -> hopper.HopperConfig:
       cfg["carried_slot"] = True
     elif f == "pw":
       cfg["producer_warp"] = True
+    elif f == "pf":
+      cfg["probe_in_flight"] = True
     elif f[0] == "o":
       cfg["grid_minor"] = f[1:]
     else:
@@ -125,14 +127,16 @@ FROZEN_PICKS = [
     # in 4 stages with carried descriptors since 2026-11-28 ~17:40 (H200: +2.2-2.6%)
     # where no residual's ring takes their fourth stage; one producer warp ("pw") in
     # one-chunk tiles since 2026-11-29 ~07:00 (H200: +1.1-2.1%), 192 x 128 ones over
-    # short K loops too since 2026-11-29 ~09:20 (+1.7% at 4096x32768x512)
+    # short K loops too since 2026-11-29 ~09:20 (+1.7% at 4096x32768x512); two-consumer
+    # tiles test the next slot's barrier while the last WGMMA runs ("pf") since
+    # 2026-11-29 ~11:10 (H200: +0.2-1.5%)
     (4096, 2112, 7168, '', {'192x128m3 s4 e64 on tma ov dc pw': 'bf16',
-                            '128x192m2 s4 e64 on wide tma ov dc pw': 'bf16+cbf16',
-                            '128x192m2 s3 e64 on wide tma ov dc pw': 'bf16+cf32',
+                            '128x192m2 s4 e64 on wide tma ov dc pw pf': 'bf16+cbf16',
+                            '128x192m2 s3 e64 on wide tma ov dc pw pf': 'bf16+cf32',
                             '192x128m3 s4 e32 on tma ov dc pw': 'f32',
-                            '128x192m2 s4 e32 on wide tma ov dc pw': 'f32+cbf16',
-                            '128x192m2 s3 e32 on wide tma ov dc pw': 'f32+cf32'}),
-    (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma ov': 'bf16',
+                            '128x192m2 s4 e32 on wide tma ov dc pw pf': 'f32+cbf16',
+                            '128x192m2 s3 e32 on wide tma ov dc pw pf': 'f32+cf32'}),
+    (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma ov pf': 'bf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                              '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                              '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
@@ -142,13 +146,13 @@ FROZEN_PICKS = [
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # 256 x 128 tiles in pairs sharing A over long K loops since 2026-11-27 (H100:
     # +0.9-3.0% at 4096-16384 rows)
-    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16 bf16+cbf16',
+    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16 bf16+cbf16',
                              '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16 bf16+cbf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16 bf16+cbf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                            '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma ov': 'bf16',
+                            '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma ov pf': 'bf16',
                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
@@ -156,8 +160,8 @@ FROZEN_PICKS = [
     # the scales read once the first WGMMA is issued since 2026-11-27 (+0.3-1.0%); the
     # ring slot and the WGMMA descriptors carried since 2026-11-28 ~17:30 (H200: 1.00-1.025x
     # the 256 x 128 tiles a rule took from ~14:48)
-    (32768, 4096, 7168, 'ragged x8', {'128x192m2 s3 e64 on wide tma ov dc cs pw': 'bf16',
-                                      '128x192m2 s3 e32 on wide tma ov dc cs pw': 'f32'}),
+    (32768, 4096, 7168, 'ragged x8', {'128x192m2 s3 e64 on wide tma ov dc cs pw pf': 'bf16',
+                                      '128x192m2 s3 e32 on wide tma ov dc cs pw pf': 'f32'}),
     # groups of >= 8192 rows on average over long K loops: 192 x 128 tiles of three
     # consumers since 2026-11-28 ~22:10 (H200: 1.021-1.026x at 1-4 groups)
     (32768, 4096, 7168, 'ragged x4', {'192x128m3 s3 e64 on tma ov dc cs pw': 'bf16',
@@ -190,14 +194,14 @@ FROZEN_PICKS = [
     (7168, 18432, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
     (18432, 7168, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
     (18432, 7168, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
-    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
-    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
-    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
-    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma ov dc': 'f32'}),
+    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
+    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
+    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
+    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
 ]
 
 
@@ -326,7 +330,8 @@ def test_cost_model_terms():
   assert (three.tile_m, three.tile_n, three.stages, three.tma_scales) == (128, 256, 3, True)
   assert est(dataclasses.replace(three, stages=4), 4096, 7168, 16384) > est(three, 4096, 7168,
                                                                              16384)
-  three = dataclasses.replace(three, tma_scales=False, step_top_overlap=False)
+  three = dataclasses.replace(three, tma_scales=False, step_top_overlap=False,
+                              probe_in_flight=False)
   deep = dataclasses.replace(three, stages=4)
   assert est(deep, 4096, 7168, 16384) < est(three, 4096, 7168, 16384)
   assert est(deep, 4096, 4096, 7168) > est(three, 4096, 4096, 7168)
@@ -357,7 +362,8 @@ def test_cost_model_terms():
   assert est(paired, 4096, 4096, 3072) < est(three, 4096, 4096, 3072)
   assert hopper_cost.unmodelled(paired, 4096, 7168, 2048)  # 16 K blocks
   assert hopper_cost.unmodelled(
-      dataclasses.replace(paired, tma_scales=False, step_top_overlap=False), 4096, 4096, 7168)
+      dataclasses.replace(paired, tma_scales=False, step_top_overlap=False,
+                          probe_in_flight=False), 4096, 4096, 7168)
   assert hopper_tiling.default_config(1024, 18432, 7168).cluster_n == 1
   assert hopper_tiling.default_config(4096, 7168, 2048).cluster_n == 1
   # ... nor where a float32 c leaves the ring 2 stages
@@ -662,7 +668,8 @@ def test_scaled_ring_tiles():
                 and cfg.tma_scales), (m, n, k, kw, cfg)
   # Without the scales in the ring (or in one of 2 stages) the tile has no estimate.
   cfg = hopper_tiling.default_config(1024, 4096, 7168)
-  for other in (dict(tma_scales=False, step_top_overlap=False), dict(stages=2)):
+  for other in (dict(tma_scales=False, step_top_overlap=False, probe_in_flight=False),
+                dict(stages=2)):
     assert hopper_cost.unmodelled(dataclasses.replace(cfg, **other), 1024, 4096, 7168)
   assert "measurement" in hopper_cost.unmodelled(cfg, 1024, 4096, 2048)
 
@@ -1029,3 +1036,27 @@ def test_masked_expected_m_picks(case, picks):
   assert hopper_tiling.default_config(m, n, k, groups=g, grouped=True, row_masks=True,
                                       expected_m=expected) == hopper_tiling.default_config(
                                           m, n, k, groups=g, grouped=True, row_masks=True)
+
+
+def test_probe_in_flight_for_two_consumers():
+  """The next slot's barrier is tested while the step's last WGMMA runs
+  (HopperConfig.probe_in_flight) in loops that test it ahead with two consumer
+  warpgroups (H200 2026-11-29: +0.2-1.5% dense, +0.1% ragged 128 x 192), not with
+  three (192 x 128: 3.5-4.2% slower), nor in loops that test no barrier ahead."""
+  for m, n, k in ((4096, 18432, 7168), (4096, 7168, 16384), (1536, 1760, 57344),
+                  (2048, 7168, 16384), (4096, 7168, 2048)):
+    cfg = hopper_tiling.default_config(m, n, k)
+    assert cfg.consumers == 2 and cfg.probe_in_flight, (m, n, k, cfg)
+  three = hopper_tiling.default_config(4096, 2112, 7168)
+  assert three.consumers == 3 and three.step_top_overlap and not three.probe_in_flight
+  assert hopper_tiling.default_config(32768, 4096, 7168, groups=8, grouped=True,
+                                      row_masks=True).probe_in_flight
+  assert not hopper_tiling.default_config(32768, 4096, 7168, groups=4, grouped=True,
+                                          row_masks=True).probe_in_flight
+  for g, cap, n, k in ((2, 768, 4096, 7168), (4, 384, 7168, 2048), (32, 128, 4096, 7168)):
+    cfg = hopper_tiling.default_config(cap, n, k, groups=g, grouped=True)
+    assert not cfg.probe_in_flight, (g, cap, cfg)
+  assert not hopper_tiling.default_config(7168, 18432, 4096, out_dtype=jnp.float32,
+                                          b_scale_rows=1).probe_in_flight
+  with pytest.raises(ValueError, match="probe_in_flight"):
+    dataclasses.replace(three, step_top_overlap=False, probe_in_flight=True).check()

@@ -103,6 +103,7 @@ def spec(cfg) -> str:
   s += " dc" if getattr(cfg, "desc_carry", False) else ""
   s += " cs" if getattr(cfg, "carried_slot", False) else ""
   s += " pw" if getattr(cfg, "producer_warp", False) else ""
+  s += " pf" if getattr(cfg, "probe_in_flight", False) else ""
   return s + (" lf" if getattr(cfg, "live_first", False) else "")
 
 
