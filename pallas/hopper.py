@@ -538,11 +538,12 @@ class _Warpgroup:
     slower. (The staged pass below carries it: measured faster on the ragged
     128 x 192 tiles.)
 
-    With step_top_overlap a carrying pass's k_step(slot, ks, carry, hook) calls
-    hook() after its last WGMMA: the warpgroup tests the next slot's barrier
-    there, without blocking, and waits at the next step's top only where the
-    test failed (pallas/barrier_probe.py): the barrier's round trip overlaps
-    the last promotion instead of following it.
+    With step_top_overlap a carrying pass's k_step(slot, ks, carry, hook) runs
+    the hook's probe after its last WGMMA's wait (with probe_in_flight once that
+    WGMMA is issued): the warpgroup tests the next slot's barrier there, without
+    blocking, and waits at the next step's top only where the test failed
+    (pallas/barrier_probe.py): the barrier's round trip overlaps the last
+    promotion instead of following it.
 
     With a K split among the warpgroups (cfg.k_stride > 1) this warpgroup takes
     every k_stride-th step from first_step(step0); the slot is carried. With
