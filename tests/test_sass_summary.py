@@ -107,3 +107,22 @@ def test_hot_loop_stall_reasons(tmp_path, capsys):
   assert sass_summary.stall_reasons(hot) == [("barrier", 30, 0.75), ("not_selected", 10, 0.25)]
   assert sass_summary.main([str(path)]) == 0
   assert "its stall reasons: barrier 75.0%, not_selected 25.0%" in capsys.readouterr().out
+
+
+def test_step_phases_share_the_step_by_samples(tmp_path, capsys):
+  path = tmp_path / "reasons.csv"
+  path.write_text(_SASS_REASONS)
+  hot = [ln for ln in sass_summary.read_sass(str(path)) if ln.executed == 448]
+  phases = sass_summary.step_phases(hot, 800.0)
+  # 40 samples: the wait 30 (600 cycles), the FFMA 6 (120), the QGMMA 4 (80)
+  assert phases["wgmma wait"] == (pytest.approx(600.0), {"barrier": pytest.approx(600.0)})
+  assert phases["promotion"] == (pytest.approx(120.0), {"not_selected": pytest.approx(120.0)})
+  assert phases["rest"][0] == pytest.approx(80.0)
+  details = tmp_path / "details.csv"
+  details.write_text(_DETAILS)  # 183,947 elapsed cycles
+  assert sass_summary.main([str(path), f"--details={details}", "--steps=100"]) == 0
+  out = capsys.readouterr().out
+  assert "a step: 1839 cycles (elapsed / 100 steps)" in out
+  assert "wgmma wait  1380 cycles (barrier 1380)" in out
+  with pytest.raises(SystemExit):
+    sass_summary.main([str(path), "--steps=100"])  # no --details

@@ -2,7 +2,7 @@
 instructions and stall samples go. Runs anywhere (no GPU).
 
     python3 tools/sass_summary.py .out/sass_4096x2112x7168.csv.gz \\
-        [--details=.out/details_4096x2112x7168.csv] [--top=15] [--loop]
+        [--details=.out/details_4096x2112x7168.csv] [--top=15] [--loop] [--steps=448]
 
 Prints the report's headline metrics (with --details), the opcode mix (share of executed
 instructions and of stall samples), the lines with the most stall samples, and the hot
@@ -10,6 +10,11 @@ loop: the instructions executed as often as most of the kernel's tensor-core MMA
 step of one warp), with --loop each of them, else only how many there are, and where the
 export has them the hot loop's stall reasons (its share of samples on each; two kernels'
 consumers side by side: which waits the slower one spends its extra cycles in).
+With --steps (the K steps a CTA runs, e.g. 448 for one tile per CTA over K = 57344) and
+--details, a consumer warp's step in cycles (elapsed cycles / steps) split by phase in
+proportion to the hot loop's samples: the WGMMA wait, the promotion (FFMAs), the rest;
+each with its stall reasons in cycles. (A warp's samples are uniform in its time; a
+kernel whose loop is unrolled, DeepGEMM's, splits the same.)
 """
 from __future__ import annotations
 
@@ -121,14 +126,48 @@ def loop_count(lines: list[Line]) -> int | None:
   return counts.most_common(1)[0][0] if counts else None
 
 
+WGMMA_WAIT = "WARPGROUP"  # WARPGROUP.DEPBAR: a consumer waiting for its WGMMAs
+                         # (WARPGROUP.ARRIVE, its fence before them, is 'rest')
+
+
+def step_phases(hot: list[Line], cycles_per_step: float) -> dict:
+  """{phase: (cycles a step, {stall reason: cycles})} for the phases "wgmma wait",
+  "promotion" (FFMA) and "rest" of a consumer's K step, the step's cycles shared in
+  proportion to the hot loop's stall samples."""
+  total = sum(ln.samples for ln in hot) or 1
+  out = {}
+  for phase in ("wgmma wait", "promotion", "rest"):
+    mine = [ln for ln in hot if _phase(ln) == phase]
+    scale = cycles_per_step / total
+    reasons = {name: n * scale for name, n, _ in stall_reasons(mine)}
+    out[phase] = (sum(ln.samples for ln in mine) * scale, reasons)
+  return out
+
+
+def _phase(ln: Line) -> str:
+  if ln.opcode == WGMMA_WAIT and "DEPBAR" in ln.text:
+    return "wgmma wait"
+  return "promotion" if ln.opcode == "FFMA" else "rest"
+
+
+def _cycles(details: dict) -> float | None:
+  value = details.get("Elapsed Cycles", "").split(" ")[0].replace(",", "")
+  return float(value) if value else None
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("sass", help="sass_<shape>.csv(.gz) from tools/ncu_sass.sh")
   p.add_argument("--details", help="details_<shape>.csv from tools/ncu_sass.sh")
   p.add_argument("--top", type=int, default=15)
   p.add_argument("--loop", action="store_true", help="list the hot loop's instructions")
+  p.add_argument("--steps", type=int, default=None,
+                 help="K steps a CTA runs (with --details: the step's cycles by phase)")
   args = p.parse_args(argv)
+  if args.steps is not None and (args.steps < 1 or not args.details):
+    p.error("--steps needs a positive count and --details (the elapsed cycles)")
   lines = read_sass(args.sass)
+  details = {}
   if args.details:
     details = read_details(args.details)
     print("  ".join(f"{k}: {details[k]}" for k in HEADLINE if k in details))
@@ -153,6 +192,13 @@ def main(argv=None) -> int:
     if any(ln.reasons for ln in hot):
       print("  its stall reasons: " + ", ".join(
           f"{name} {100 * share:.1f}%" for name, _, share in stall_reasons(hot)[:args.top]))
+    cycles = _cycles(details) if args.steps else None
+    if cycles:
+      print(f"  a step: {cycles / args.steps:.0f} cycles (elapsed / {args.steps} steps)")
+      for phase, (c, reasons) in step_phases(hot, cycles / args.steps).items():
+        top = ", ".join(f"{name} {r:.0f}" for name, r in
+                        sorted(reasons.items(), key=lambda kv: -kv[1])[:5])
+        print(f"    {phase:10s} {c:5.0f} cycles" + (f" ({top})" if top else ""))
     if args.loop:
       for ln in hot:
         if ln.opcode != "FFMA":
