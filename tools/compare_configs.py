@@ -8,7 +8,9 @@ operands rotated past the L2, every output checked against the contract). On the
 --per_row_b times the weight gradient's recipe instead (one b scale per row of b,
 float32 output unless --out_dtype says), as `tools/compare_configs.py --per_row_b
 --shapes=7168x18432x4096 --variants="stages=5"`. --out_dtype=float32 and
---c_dtype=bfloat16|float32 time those outputs and residuals of the dense recipe.
+--c_dtype=bfloat16|float32 time those outputs and residuals of the dense recipe;
+--out_dtype=float8_e4m3fn the FP8 output quantised in the epilogue, from the FP8-output
+default (pallas/hopper_tiling.fp8_output_config), checked dequantised.
 
 A variant is a comma list of HopperConfig fields replaced in the shape's default
 (pallas/hopper_tiling.default_config); variants are separated by ';'. A variant the config
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
   p.add_argument("--per_row_b", action="store_true",
                  help="per-row b scales (the weight gradient's recipe), float32 output "
                       "unless --out_dtype says")
-  p.add_argument("--out_dtype", default=None, choices=("bfloat16", "float32"),
+  p.add_argument("--out_dtype", default=None,
+                 choices=("bfloat16", "float32", "float8_e4m3fn"),
                  help="the output dtype (bfloat16; float32 with --per_row_b)")
   p.add_argument("--c_dtype", default=None, choices=("bfloat16", "float32"),
                  help="a residual c of this dtype (beta = 1)")
@@ -94,7 +97,11 @@ def main(argv=None) -> int:
     kw = {"out_dtype": jnp.dtype(out_dtype), **({"b_scale_rows": 1} if args.per_row_b else {})}
     if args.c_dtype:
       kw["c_dtype"] = jnp.dtype(args.c_dtype)
-    base = hopper_tiling.default_config(m, n, k, **kw)
+    if kw["out_dtype"] == jnp.dtype(jnp.float8_e4m3fn):
+      base = hopper_tiling.fp8_output_config(m, n, k, **{k_: v for k_, v in kw.items()
+                                                         if k_ != "out_dtype"})
+    else:
+      base = hopper_tiling.default_config(m, n, k, **kw)
     configs = variant_configs(base, variants, shape, kw["out_dtype"], kw.get("c_dtype"))
     times = time_pair(m, n, k, kw, list(configs.values()), rounds=args.rounds,
                       iters=args.iters)
