@@ -134,11 +134,10 @@ def step_phases(hot: list[Line], cycles_per_step: float) -> dict:
   """{phase: (cycles a step, {stall reason: cycles})} for the phases "wgmma wait",
   "promotion" (FFMA) and "rest" of a consumer's K step, the step's cycles shared in
   proportion to the hot loop's stall samples."""
-  total = sum(ln.samples for ln in hot) or 1
+  scale = cycles_per_step / (sum(ln.samples for ln in hot) or 1)
   out = {}
   for phase in ("wgmma wait", "promotion", "rest"):
     mine = [ln for ln in hot if _phase(ln) == phase]
-    scale = cycles_per_step / total
     reasons = {name: n * scale for name, n, _ in stall_reasons(mine)}
     out[phase] = (sum(ln.samples for ln in mine) * scale, reasons)
   return out
