@@ -88,6 +88,7 @@ def main(argv=None) -> int:
   sys.path.insert(0, os.path.dirname(__file__))
   import jax.numpy as jnp
   from jax_fp8.pallas import hopper_tiling
+  from jax_fp8.pallas.common import FP8_OUT
   from tiling_picks import time_pair
 
   variants = [parse_variant(v) for v in args.variants.split(";") if v.strip()]
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     kw = {"out_dtype": jnp.dtype(out_dtype), **({"b_scale_rows": 1} if args.per_row_b else {})}
     if args.c_dtype:
       kw["c_dtype"] = jnp.dtype(args.c_dtype)
-    if kw["out_dtype"] == jnp.dtype(jnp.float8_e4m3fn):
+    if kw["out_dtype"] == FP8_OUT:
       base = hopper_tiling.fp8_output_config(m, n, k, **{k_: v for k_, v in kw.items()
                                                          if k_ != "out_dtype"})
     else:

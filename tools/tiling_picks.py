@@ -25,10 +25,10 @@ import sys
 import tempfile
 
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from jax_fp8.pallas import hopper, hopper_tiling  # noqa: E402
+from jax_fp8.pallas.common import FP8_OUT  # noqa: E402
 
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
 DENSE_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
@@ -152,10 +152,10 @@ def load_revision(rev: str):
     sys.modules[name], package.hopper_cost = mine, mine
 
 
-def _check_dequantised(out, *, check, n):
-  """check(q * its 1x128 scales) of an FP8 output (q [m, n], scale [m, ceil(n/128)])."""
-  q, scale = out
-  check(np.asarray(q, np.float32) * np.repeat(np.asarray(scale), 128, axis=1)[:, :n])
+def _check_dequantised(out, *, check):
+  """check(q * its 1x128 scales) of an FP8 output (q, scale)."""
+  import jax_fp8
+  check(jax_fp8.dequantize_1x128(*out))
 
 
 def time_pair(m, n, k, kw, configs, rounds=2, iters=20):
@@ -167,12 +167,12 @@ def time_pair(m, n, k, kw, configs, rounds=2, iters=20):
   out_dtype, c_dtype = kw["out_dtype"], kw.get("c_dtype")
   rows = kw.get("b_scale_rows", 128)
   args = autotune.random_operands(0, m, n, k, c_dtype=c_dtype, b_scale_rows=rows)
-  fp8 = np.dtype(out_dtype) == np.dtype(jnp.float8_e4m3fn)
+  fp8 = out_dtype == FP8_OUT
   # An FP8 output is checked dequantised, within e4m3's rounding (2^-4 of a value at most).
   tol = 5e-2 if fp8 else 2.5e-4 if out_dtype == F32 else 4e-3
   check = autotune.output_check(args, beta=1.0, tol=tol, b_scale_rows=rows)
   if fp8:
-    check = functools.partial(_check_dequantised, check=check, n=n)
+    check = functools.partial(_check_dequantised, check=check)
   times = [[] for _ in configs]
   for _, (i, cfg) in itertools.product(range(rounds), enumerate(configs)):
     fn = functools.partial(hopper.blockwise_fp8_dot, beta=1.0, out_dtype=out_dtype, config=cfg,
