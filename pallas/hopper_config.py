@@ -95,8 +95,9 @@ class HopperConfig:
   a step (the slot's wait, the proxy fence before refilling the ring's
   scales, the TMA issues) leave three of the four schedulers to the
   consumers' promotions; without it the four warps run the loop in step
-  (warpgroup barriers around every copy). Not with clusters (multicast) or
-  a staged a-scale window (a warpgroup's loads).
+  (warpgroup barriers around every copy); with clusters its multicast copies
+  arrive on the barriers as the warpgroup's would. Not with a staged a-scale
+  window (a warpgroup's loads).
   """
   tile_m: int = 128
   tile_n: int = 256
@@ -149,9 +150,9 @@ class HopperConfig:
     return self.k_step == 1 and self.k_stride == 1 and not self.a_scale_window
 
   def can_use_producer_warp(self) -> bool:
-    """Whether producer_warp is allowed: one warp's loads take no cluster (its
-    multicast copies) and no staged a-scale window (a warpgroup's scale loads)."""
-    return self.cluster_m * self.cluster_n == 1 and not self.a_scale_window
+    """Whether producer_warp is allowed: one warp's loads take no staged a-scale
+    window (a warpgroup's scale loads)."""
+    return not self.a_scale_window
 
   def chunk(self) -> tuple[int, int]:
     """(rows, columns) of one WGMMA chunk."""
@@ -234,8 +235,8 @@ class HopperConfig:
       raise ValueError("step_top_overlap reads a step's scales from its ring slot: it needs "
                        "tma_scales")
     if self.producer_warp and not self.can_use_producer_warp():
-      raise ValueError("producer_warp: one warp's loads take no cluster (cluster_m = "
-                       "cluster_n = 1) and no a_scale_window (a warpgroup's scale loads)")
+      raise ValueError("producer_warp: one warp's loads take no a_scale_window (a "
+                       "warpgroup's scale loads)")
     if not 24 <= self.producer_registers <= 256 or self.producer_registers % 8:
       raise ValueError(f"producer_registers must be a multiple of 8 in [24, 256], got "
                        f"{self.producer_registers}")

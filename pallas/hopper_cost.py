@@ -620,22 +620,44 @@ def desc_carry_pays(cfg: HopperConfig, m: int, k: int, *, grouped: bool, masked:
 # Tilings whose ring is filled by one producer warp (HopperConfig.producer_warp): one
 # WGMMA chunk a consumer warpgroup. Dense, against the four-warp producer (H200
 # 2026-11-29, bf16 output, outputs checked): 128 x 160 +1.0-2.1%, 128 x 192 +1.2%,
-# 192 x 128 of three consumers +1.4-2.2%, and +1.7% over 4 K blocks (4096x32768x512);
-# two chunks a warpgroup (128 x 256 split by columns) 1.6-1.8% slower, 256 x 128 and
-# 128 x 128 over 16 / 56 K blocks 1.0-1.1% slower. Nsight Compute (1536x1760x57344,
-# 128 x 160) put the four warps' ~35 instructions a step beside the consumers'
-# promotions, whose warps lost 89 cycles a step "not selected" (DeepGEMM's, of one
-# producer warp: 21). Tile -> the fewest K blocks it was measured from (the
-# two-consumer tiles over K >= 2048 only).
+# 192 x 128 of three consumers +1.4-2.2%, and +1.7% over 4 K blocks (4096x32768x512).
+# Nsight Compute (1536x1760x57344, 128 x 160) put the four warps' ~35 instructions a
+# step beside the consumers' promotions, whose warps lost 89 cycles a step "not
+# selected" (DeepGEMM's, of one producer warp: 21). Tile -> the fewest K blocks it was
+# measured from (the two-consumer tiles over K >= 2048 only). No clusters.
 PRODUCER_WARP_TILES = {(128, 160, "m", 2): 16, (128, 192, "m", 2): 16, (192, 128, "m", 3): 1}
+# Dense GEMMs (128x128 b scales) of two chunks a warpgroup, since the probe in flight
+# (H200 2026-11-29 ~12:50): 128 x 256 split by columns +0.6-0.9% (six shapes, K = 1536 -
+# 7168; FP8 output +1.6%; float32 output 1.6% slower: not there), 128 x 128 +0.7-1.5%
+# (K = 2048, 16384; bf16 output). No clusters. At 2048-8192 rows only: at 512 rows
+# (512x7168x2048, one 128 x 256 tile a CTA) ptxas spilled 16 bytes with it.
+PRODUCER_WARP_DENSE_TILES = {(128, 256, "n", 2): 12, (128, 128, "m", 2): 16}
+PRODUCER_WARP_DENSE_MIN_M = 2048
+# ... and 256 x 128 pairs sharing A (cluster_n = 2) over N >= 7168: +0.8-1.7% (four
+# shapes, K = 7168 - 18432; float32 output +1.2%, FP8 +4.2%, a bf16 residual +3.4%);
+# at N = 4096 1.6-4.7% slower (three of four shapes; Nsight Compute at 4096x4096x7168:
+# some SMs busy 10% longer than the mean, none so with four producer warps).
+PRODUCER_WARP_PAIRS = ((256, 128, "m", 2), 56)
+PRODUCER_WARP_PAIRS_MIN_N = 7168
 
 
-def producer_warp_pays(cfg: HopperConfig, k: int) -> bool:
-  """Whether one warp issues the ring's loads (PRODUCER_WARP_TILES over K loops of
-  at least their blocks, one-block steps, no cluster, no staged a-scale window)."""
-  min_blocks = PRODUCER_WARP_TILES.get(tile_key(cfg))
-  return (cfg.can_use_producer_warp() and min_blocks is not None
-          and cfg.k_step == 1 and _cdiv(k, K_BLOCK) >= min_blocks)
+def producer_warp_pays(cfg: HopperConfig, m: int, n: int, k: int, *, dense: bool,
+                       f32_out: bool = False) -> bool:
+  """Whether one warp issues the ring's loads: PRODUCER_WARP_TILES over K loops of at
+  least their blocks, and for dense GEMMs (128x128 b scales, no groups) the tables
+  beside it (PRODUCER_WARP_DENSE_TILES from PRODUCER_WARP_DENSE_MIN_M rows, not with
+  a float32 output); one-block steps, no staged a-scale window."""
+  if not cfg.can_use_producer_warp() or cfg.k_step != 1:
+    return False
+  key, blocks = tile_key(cfg), _cdiv(k, K_BLOCK)
+  if cfg.cluster_m * cfg.cluster_n > 1:
+    pairs, min_blocks = PRODUCER_WARP_PAIRS
+    return (dense and key == pairs and cfg.cluster_n == 2 and blocks >= min_blocks
+            and n >= PRODUCER_WARP_PAIRS_MIN_N)
+  min_blocks = PRODUCER_WARP_TILES.get(key)
+  if min_blocks is None and dense and not f32_out and m >= PRODUCER_WARP_DENSE_MIN_M:
+    min_blocks = PRODUCER_WARP_DENSE_TILES.get(key)
+  return min_blocks is not None and blocks >= min_blocks
 
 
 def probe_in_flight_pays(cfg: HopperConfig, *, grouped: bool) -> bool:

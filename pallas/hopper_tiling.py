@@ -304,7 +304,9 @@ def _ranked(m, n, k, out_dtype, c_dtype, b_scale_rows, groups, grouped, row_mask
                                                     b_scale_rows=b_scale_rows),
         carried_slot=hopper_cost.carried_slot_pays(cfg, grouped=grouped, masked=masked))
     cfg = dataclasses.replace(
-        cfg, producer_warp=hopper_cost.producer_warp_pays(cfg, k),
+        cfg, producer_warp=hopper_cost.producer_warp_pays(
+            cfg, m, n, k, dense=not grouped and b_scale_rows == SCALE_N,
+            f32_out=out_dtype == np.dtype(jnp.float32)),
         probe_in_flight=hopper_cost.probe_in_flight_pays(cfg, grouped=grouped))
     try:
       cfg.check()

@@ -212,6 +212,14 @@ def _run_kernel(m, n, k, cfg, *, with_c, out_dtype, beta=1.0, c_dtype=jnp.float3
                                         consumers=3, stages=3, tma_scales=True,
                                         step_top_overlap=True, producer_warp=True), False,
      F32, 1.0, None),
+    # ... issuing the multicast copies of pairs: 256 x 128 tiles sharing A (the rules'
+    # pairs over N >= 7168; one CTA of a pair past N), and 64 x 128 tiles sharing B
+    (300, 330, 850, dataclasses.replace(DEFAULT_LARGE, tile_m=256, tile_n=128, wg_split="m",
+                                        stages=2, num_sms=4, cluster_n=2, tma_scales=True,
+                                        producer_registers=72, step_top_overlap=True,
+                                        producer_warp=True), True, BF16, -1.0, jnp.bfloat16),
+    (130, 300, 300, dataclasses.replace(SMALL, num_sms=4, cluster_m=2, producer_warp=True),
+     True, F32, 0.5, jnp.float32),
     # K split among the warpgroups: 3 K blocks (the last partial) of which the first
     # warpgroup takes 2; two-block steps, the last one's second block past K; three
     # warpgroups over 8 blocks (3, 3, 2 steps), and over one (two hand over zeros);
@@ -449,11 +457,11 @@ def test_config_validation():
     with pytest.raises(ValueError, match="tma_scales"):
       hopper.HopperConfig(tma_scales=True, **fields).check()
   hopper.HopperConfig(tma_scales=True).check()
-  # One producer warp: no multicast copies, no staged a-scale windows.
-  for fields in (dict(cluster_m=2), dict(cluster_n=2), dict(a_scale_window=4)):
-    with pytest.raises(ValueError, match="producer_warp"):
-      hopper.HopperConfig(producer_warp=True, **fields).check()
-  hopper.HopperConfig(producer_warp=True).check()
+  # One producer warp: no staged a-scale windows; multicast copies allowed.
+  with pytest.raises(ValueError, match="producer_warp"):
+    hopper.HopperConfig(producer_warp=True, a_scale_window=4).check()
+  for fields in (dict(), dict(cluster_m=2), dict(cluster_n=2)):
+    hopper.HopperConfig(producer_warp=True, **fields).check()
   with pytest.raises(ValueError, match="a_scale_window"):
     hopper.HopperConfig(tile_m=64, a_scale_window=4).check()
   with pytest.raises(ValueError, match="a_scale_window"):

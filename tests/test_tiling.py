@@ -136,9 +136,10 @@ FROZEN_PICKS = [
                             '192x128m3 s4 e32 on tma ov dc pw': 'f32',
                             '128x192m2 s4 e32 on wide tma ov dc pw pf': 'f32+cbf16',
                             '128x192m2 s3 e32 on wide tma ov dc pw pf': 'f32+cf32'}),
-    (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma ov pf': 'bf16',
-                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                             '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
+    (4096, 24576, 1536, '', {'128x256n2 s3 e128 on p72 tma ov pw pf': 'bf16',
+                             '128x256n2 s2 e64 on p72 tma pw': 'bf16+cf32',
+                             '128x256n2 s3 e64 on p72 tma pw': 'bf16+cbf16',
+                             '128x256n2 s3 e64 on p72 tma': 'f32',
                              '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     (4096, 32768, 512, '', {'192x128m3 s4 e128 on tma ov pw': 'bf16',
                             '192x128m3 s2 e32 on tma ov pw': 'bf16+cf32',
@@ -146,15 +147,16 @@ FROZEN_PICKS = [
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # 256 x 128 tiles in pairs sharing A over long K loops since 2026-11-27 (H100:
     # +0.9-3.0% at 4096-16384 rows)
-    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16 bf16+cbf16',
-                             '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32 f32+cf32 f32+cbf16'}),
+    (4096, 7168, 16384, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pw pf': 'bf16 bf16+cbf16',
+                             '128x256n2 s2 e64 on p72 tma pw': 'bf16+cf32',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pw pf': 'f32 f32+cf32 f32+cbf16'}),
     (4096, 4096, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16 bf16+cbf16',
-                            '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
+                            '128x256n2 s2 e64 on p72 tma pw': 'bf16+cf32',
                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32 f32+cf32 f32+cbf16'}),
-    (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma ov pf': 'bf16',
-                            '128x256n2 s2 e64 on p72 tma': 'bf16+cf32',
-                            '128x256n2 s3 e64 on p72 tma': 'bf16+cbf16 f32',
+    (4096, 7168, 2048, '', {'128x256n2 s3 e128 on p72 tma ov pw pf': 'bf16',
+                            '128x256n2 s2 e64 on p72 tma pw': 'bf16+cf32',
+                            '128x256n2 s3 e64 on p72 tma pw': 'bf16+cbf16',
+                            '128x256n2 s3 e64 on p72 tma': 'f32',
                             '128x256n2 s3 e32 on p72 tma': 'f32+cf32 f32+cbf16'}),
     # wide 128 x 192 tiles since 2026-11-23 22:48 (H100: 1142 -> 1197 TFLOP/s at bf16);
     # the scales read once the first WGMMA is issued since 2026-11-27 (+0.3-1.0%); the
@@ -194,14 +196,14 @@ FROZEN_PICKS = [
     (7168, 18432, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
     (18432, 7168, 4096, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
     (18432, 7168, 16384, 'per-row b', {'128x160m2 s5 e32 on wide tma pw': 'bf16 f32'}),
-    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
-    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
-                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
-    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
-    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pf': 'bf16',
-                              '256x128m2 s3 e32 on cn2 p72 tma ov dc pf': 'f32'}),
+    (4096, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pw pf': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pw pf': 'f32'}),
+    (4096, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pw pf': 'bf16',
+                             '256x128m2 s3 e32 on cn2 p72 tma ov dc pw pf': 'f32'}),
+    (16384, 18432, 7168, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pw pf': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov dc pw pf': 'f32'}),
+    (16384, 7168, 18432, '', {'256x128m2 s3 e64 on cn2 p72 tma ov dc pw pf': 'bf16',
+                              '256x128m2 s3 e32 on cn2 p72 tma ov dc pw pf': 'f32'}),
 ]
 
 
@@ -781,22 +783,37 @@ def test_descriptors_carried_where_measured():
 
 
 def test_one_producer_warp_where_measured():
-  """One warp fills the ring (HopperConfig.producer_warp) in the tilings of one chunk
-  a warpgroup where that was measured faster (H200 2026-11-29: dense 128 x 160, 128 x
-  192 and 192 x 128 +1.1-2.1%, 192 x 128 over 4 K blocks +1.7%, masked +1.1-2.1%,
-  ragged +1.8-1.9%, the weight gradient's 128 x 160 +0.5%), not in 128 x 256 tiles
-  (-1.6-1.8%), 256 x 128 or 128 x 128 tiles (-1.0-1.1%), decode tiles or short-K
-  two-consumer tiles (not measured)."""
+  """One warp fills the ring (HopperConfig.producer_warp) in the tilings where that was
+  measured faster (H200 2026-11-29): one chunk a warpgroup (dense 128 x 160, 128 x 192
+  and 192 x 128 +1.1-2.1%, 192 x 128 over 4 K blocks +1.7%, masked +1.1-2.1%, ragged
+  +1.8-1.9%, the weight gradient's 128 x 160 +0.5%); dense 128 x 256 and 128 x 128 tiles
+  (+0.6-1.5% at 2048-8192 rows; 128 x 256 with a float32 output 1.6% slower, at 512
+  rows a spill: not there) and 256 x 128
+  pairs sharing A over N >= 7168 (+0.8-1.7%; at N = 4096 1.6-4.7% slower); not 256 x
+  128 tiles alone (-1.0%), decode tiles (not measured)."""
   for m, n, k in ((4096, 2112, 7168), (1536, 1760, 57344), (2048, 2112, 7168),
-                  (4096, 32768, 512)):
+                  (4096, 32768, 512), (4096, 7168, 2048), (4096, 24576, 1536),
+                  (2048, 7168, 16384), (4096, 7168, 16384), (4096, 18432, 7168)):
     assert hopper_tiling.default_config(m, n, k).producer_warp, (m, n, k)
-  for m, n, k in ((4096, 7168, 2048), (4096, 4096, 7168), (128, 4096, 7168), (64, 2112, 7168),
-                  (1024, 4096, 7168), (2000, 7168, 2048)):
+  for m, n, k in ((4096, 4096, 7168), (8192, 4096, 7168), (128, 4096, 7168),
+                  (64, 2112, 7168), (1024, 4096, 7168)):
     assert not hopper_tiling.default_config(m, n, k).producer_warp, (m, n, k)
+  pairs = hopper_tiling.default_config(4096, 7168, 16384)
+  assert (pairs.cluster_n, pairs.tile_m, pairs.tile_n) == (2, 256, 128)
+  assert hopper_cost.producer_warp_pays(pairs, 4096, 7168, 16384, dense=True)
+  assert not hopper_cost.producer_warp_pays(pairs, 4096, 4096, 16384, dense=True)
+  assert not hopper_cost.producer_warp_pays(pairs, 4096, 7168, 16384, dense=False)
+  assert not hopper_cost.producer_warp_pays(dataclasses.replace(pairs, cluster_n=1),
+                                            4096, 7168, 16384, dense=True)
   short_two_consumers = dataclasses.replace(
       hopper_tiling.default_config(1536, 1760, 57344), producer_warp=False)
-  assert hopper_cost.producer_warp_pays(short_two_consumers, 16 * 128)
-  assert not hopper_cost.producer_warp_pays(short_two_consumers, 15 * 128)
+  assert hopper_cost.producer_warp_pays(short_two_consumers, 1536, 1760, 2048, dense=True)
+  assert not hopper_cost.producer_warp_pays(short_two_consumers, 1536, 1760, 1920, dense=True)
+  two_chunks = hopper_tiling.default_config(4096, 7168, 2048)
+  assert (two_chunks.tile_m, two_chunks.tile_n, two_chunks.wg_split) == (128, 256, "n")
+  assert not hopper_tiling.default_config(4096, 7168, 2048, out_dtype=jnp.float32).producer_warp
+  assert hopper_tiling.default_config(4096, 7168, 16384, out_dtype=jnp.float32).producer_warp
+  assert not hopper_tiling.default_config(512, 7168, 2048).producer_warp  # (spills)
   assert hopper_tiling.default_config(7168, 18432, 4096, out_dtype=jnp.float32,
                                       b_scale_rows=1).producer_warp
   assert hopper_tiling.default_config(32768, 4096, 7168, groups=8, grouped=True,
