@@ -627,7 +627,7 @@ def desc_carry_pays(cfg: HopperConfig, m: int, k: int, *, grouped: bool, masked:
 # measured from (the two-consumer tiles over K >= 2048 only). No clusters.
 PRODUCER_WARP_TILES = {(128, 160, "m", 2): 16, (128, 192, "m", 2): 16, (192, 128, "m", 3): 1}
 # Dense GEMMs (128x128 b scales) of two chunks a warpgroup, since the probe in flight
-# (H200 2026-11-29 ~12:50): 128 x 256 split by columns +0.6-0.9% (six shapes, K = 1536 -
+# (H200 2026-11-29 ~12:20): 128 x 256 split by columns +0.6-0.9% (six shapes, K = 1536 -
 # 7168; FP8 output +1.6%; float32 output 1.6% slower: not there), 128 x 128 +0.7-1.5%
 # (K = 2048, 16384; bf16 output). No clusters. At 2048-8192 rows only: at 512 rows
 # (512x7168x2048, one 128 x 256 tile a CTA) ptxas spilled 16 bytes with it.
@@ -637,7 +637,7 @@ PRODUCER_WARP_DENSE_MIN_M = 2048
 # shapes, K = 7168 - 18432; float32 output +1.2%, FP8 +4.2%, a bf16 residual +3.4%);
 # at N = 4096 1.6-4.7% slower (three of four shapes; Nsight Compute at 4096x4096x7168:
 # some SMs busy 10% longer than the mean, none so with four producer warps).
-PRODUCER_WARP_PAIRS = ((256, 128, "m", 2), 56)
+PRODUCER_WARP_PAIRS = {(256, 128, "m", 2): 56}
 PRODUCER_WARP_PAIRS_MIN_N = 7168
 
 
@@ -646,18 +646,19 @@ def producer_warp_pays(cfg: HopperConfig, m: int, n: int, k: int, *, dense: bool
   """Whether one warp issues the ring's loads: PRODUCER_WARP_TILES over K loops of at
   least their blocks, and for dense GEMMs (128x128 b scales, no groups) the tables
   beside it (PRODUCER_WARP_DENSE_TILES from PRODUCER_WARP_DENSE_MIN_M rows, not with
-  a float32 output); one-block steps, no staged a-scale window."""
+  a float32 output; PRODUCER_WARP_PAIRS sharing A over N >= PRODUCER_WARP_PAIRS_MIN_N);
+  one-block steps, no staged a-scale window."""
   if not cfg.can_use_producer_warp() or cfg.k_step != 1:
     return False
-  key, blocks = tile_key(cfg), _cdiv(k, K_BLOCK)
+  key = tile_key(cfg)
   if cfg.cluster_m * cfg.cluster_n > 1:
-    pairs, min_blocks = PRODUCER_WARP_PAIRS
-    return (dense and key == pairs and cfg.cluster_n == 2 and blocks >= min_blocks
-            and n >= PRODUCER_WARP_PAIRS_MIN_N)
-  min_blocks = PRODUCER_WARP_TILES.get(key)
-  if min_blocks is None and dense and not f32_out and m >= PRODUCER_WARP_DENSE_MIN_M:
-    min_blocks = PRODUCER_WARP_DENSE_TILES.get(key)
-  return min_blocks is not None and blocks >= min_blocks
+    pairs = dense and cfg.cluster_n == 2 and n >= PRODUCER_WARP_PAIRS_MIN_N
+    min_blocks = PRODUCER_WARP_PAIRS.get(key) if pairs else None
+  else:
+    min_blocks = PRODUCER_WARP_TILES.get(key)
+    if min_blocks is None and dense and not f32_out and m >= PRODUCER_WARP_DENSE_MIN_M:
+      min_blocks = PRODUCER_WARP_DENSE_TILES.get(key)
+  return min_blocks is not None and _cdiv(k, K_BLOCK) >= min_blocks
 
 
 def probe_in_flight_pays(cfg: HopperConfig, *, grouped: bool) -> bool:
