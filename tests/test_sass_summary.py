@@ -80,6 +80,24 @@ def test_details_and_main(sass_file, tmp_path, capsys):
   assert "hot loop (executed 157,696 times): 7 instructions, 2 MMA, 2 FFMA, 3 other" in out
 
 
+def test_details_report_the_sms_spread(tmp_path, capsys):
+  """ncu's workload-imbalance rule on the SMs (not its SMSP twin) becomes a headline
+  entry; without the rule there is none."""
+  rule = ('"0","k","WorkloadDistribution","","","","WorkloadImbalance","OPT","One or more {} '
+          'have a much lower number of active cycles than the average number of active '
+          'cycles. Maximum instance value is {}% above the average, while the minimum '
+          'instance value is {}% below the average."\n')
+  header = ('"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value",'
+            '"Rule Name","Rule Type","Rule Description"\n')
+  details = tmp_path / "details.csv"
+  details.write_text(header + rule.format("SMs", "9.85", "23.14")
+                     + rule.format("SMSPs", "8.78", "22.94"))
+  got = sass_summary.read_details(str(details))
+  assert got[sass_summary.SM_SPREAD] == "+9.85% / -23.14%"
+  details.write_text(_DETAILS)
+  assert sass_summary.SM_SPREAD not in sass_summary.read_details(str(details))
+
+
 def test_rejects_a_file_without_the_header(tmp_path):
   path = tmp_path / "bad.csv"
   path.write_text('"a","b"\n"1","2"\n')

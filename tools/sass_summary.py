@@ -4,7 +4,9 @@ instructions and stall samples go. Runs anywhere (no GPU).
     python3 tools/sass_summary.py .out/sass_4096x2112x7168.csv.gz \\
         [--details=.out/details_4096x2112x7168.csv] [--top=15] [--loop] [--steps=448]
 
-Prints the report's headline metrics (with --details), the opcode mix (share of executed
+Prints the report's headline metrics (with --details; with them, where ncu's
+workload-imbalance rule fired, how far the busiest and idlest SM's active cycles lie
+from the mean), the opcode mix (share of executed
 instructions and of stall samples), the lines with the most stall samples, and the hot
 loop: the instructions executed as often as most of the kernel's tensor-core MMAs (one K
 step of one warp), with --loop each of them, else only how many there are, and where the
@@ -30,13 +32,16 @@ EXECUTED = "Instructions Executed"
 SAMPLES = "Warp Stall Sampling (All Samples)"
 STALL_PREFIX = "stall_"
 MMA_OPCODES = ("QGMMA", "HGMMA", "IGMMA", "BGMMA", "UTCQMMA", "UTCHMMA", "UTCMMA", "UTCOMMA")
+SM_SPREAD = "SM active cycles spread"
+_IMBALANCE = re.compile(r"One or more SMs .*?Maximum instance value is ([\d.]+)% above the "
+                        r"average, while the minimum instance value is ([\d.]+)% below")
 # (A name ncu repeats across sections keeps its first value: "Memory Throughput" is the
 # Speed Of Light percentage.)
 HEADLINE = ("Duration", "Elapsed Cycles", "SM Active Cycles", "SM Frequency",
             "Executed Instructions", "Registers Per Thread", "Local Memory Spilling Requests",
             "Issue Slots Busy", "Compute (SM) Throughput", "Memory Throughput",
             "L1/TEX Cache Throughput", "L2 Cache Throughput", "Mem Busy", "Max Bandwidth",
-            "Mem Pipes Busy", "L1/TEX Hit Rate", "L2 Hit Rate", "DRAM Throughput")
+            "Mem Pipes Busy", "L1/TEX Hit Rate", "L2 Hit Rate", "DRAM Throughput", SM_SPREAD)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +103,10 @@ def stall_reasons(lines: list[Line]) -> list[tuple[str, int, float]]:
 
 
 def read_details(path: str) -> dict[str, str]:
-  """Metric name -> 'value unit' of `ncu --page details --csv` (first occurrence)."""
+  """Metric name -> 'value unit' of `ncu --page details --csv` (first occurrence);
+  with ncu's workload-imbalance rule on the SMs' active cycles, SM_SPREAD -> '+max%
+  / -min%' of the mean (the busiest and idlest SM: a tail the kernel's elapsed
+  cycles pay for; ncu states it only past its own threshold)."""
   with open(path, encoding="utf-8") as f:
     rows = list(csv.DictReader(f))
   out = {}
@@ -106,6 +114,9 @@ def read_details(path: str) -> dict[str, str]:
     name = r.get("Metric Name")
     if name and name not in out:
       out[name] = f"{r.get('Metric Value', '')} {r.get('Metric Unit', '')}".strip()
+    found = _IMBALANCE.search(r.get("Rule Description") or "")
+    if found and SM_SPREAD not in out:
+      out[SM_SPREAD] = f"+{found.group(1)}% / -{found.group(2)}%"
   return out
 
 
