@@ -4,10 +4,10 @@ instructions and stall samples go. Runs anywhere (no GPU).
     python3 tools/sass_summary.py .out/sass_4096x2112x7168.csv.gz \\
         [--details=.out/details_4096x2112x7168.csv] [--top=15] [--loop] [--steps=448]
 
-Prints the report's headline metrics (with --details; with them, where ncu's
+Prints the report's headline metrics (with --details; among them, where ncu's
 workload-imbalance rule fired, how far the busiest and idlest SM's active cycles lie
-from the mean), the opcode mix (share of executed
-instructions and of stall samples), the lines with the most stall samples, and the hot
+from the mean), the opcode mix (share of executed instructions and of stall samples),
+the lines with the most stall samples, and the hot
 loop: the instructions executed as often as most of the kernel's tensor-core MMAs (one K
 step of one warp), with --loop each of them, else only how many there are, and where the
 export has them the hot loop's stall reasons (its share of samples on each; two kernels'
