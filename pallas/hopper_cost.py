@@ -278,6 +278,13 @@ DENSE_DEEPER_RING_MIN_K_BLOCKS = 32
 # and 1.011x at 2 x ~512 4096x7168 (three sessions' fills; 6 stages 1.008 / 1.014x).
 # Tile -> whether its deeper ring brings the scales too.
 MASKED_DEEPER_RING_TILES = {(192, 128, "m", 3): True, (128, 160, "m", 2): False}
+# ... and masked 192 x 128 tiles over shorter K loops of at least
+# MASKED_SHORT_K_DEEPER_RING_MIN_K_BLOCKS too, their scales from GMEM: 4 stages against
+# 3, 1.058x at 2 x ~512 7168x2048 and 1.018x at 1 x ~1024 7168x2048 (the ring
+# bringing the scales too: 1.023x / 0.991x; six fills each, every fill faster; H200
+# 2026-11-29). Shorter loops are not measured.
+MASKED_SHORT_K_DEEPER_RING_TILES = ((192, 128, "m", 3),)
+MASKED_SHORT_K_DEEPER_RING_MIN_K_BLOCKS = 16
 # The masked GEMMs' row counts (masked_m) are known on the device only: their
 # estimate averages over MASKED_DRAWS fills, each group's rows spread evenly
 # over half its capacity M to all of it, independently of the other groups'
@@ -703,19 +710,24 @@ def takes_deeper_ring(tile: tuple, m: int, k: int, *, row_masks: bool, b_scale_r
   stage past RING_BYTES (DEEPER_RING_TILES: dense and masked 128x128-scaled GEMMs;
   DENSE_DEEPER_RING_TILES: dense ones over long K loops whose ring brings the
   scales, as measured; MASKED_DEEPER_RING_TILES: masked ones over those loops,
-  the ring bringing the scales too where measured so, deeper_ring_scales_in_ring)."""
+  the ring bringing the scales too where measured so, deeper_ring_scales_in_ring;
+  MASKED_SHORT_K_DEEPER_RING_TILES: masked ones over shorter loops)."""
   long_k = _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS
   deeper = tile in DEEPER_RING_TILES or (long_k and (
       (tile in DENSE_DEEPER_RING_TILES and not masked and m >= TMA_SCALES_MIN_M)
-      or (tile in MASKED_DEEPER_RING_TILES and masked)))
+      or (tile in MASKED_DEEPER_RING_TILES and masked))) or (
+          masked and tile in MASKED_SHORT_K_DEEPER_RING_TILES
+          and _cdiv(k, K_BLOCK) >= MASKED_SHORT_K_DEEPER_RING_MIN_K_BLOCKS)
   return deeper and not row_masks and b_scale_rows == SCALE_N
 
 
-def deeper_ring_scales_in_ring(tile: tuple, *, masked: bool) -> bool:
+def deeper_ring_scales_in_ring(tile: tuple, k: int, *, masked: bool) -> bool:
   """Whether a tile that takes its deeper ring (takes_deeper_ring) has the ring
   bring the scales where the M rule (tma_scales_pay) would not: masked
-  MASKED_DEEPER_RING_TILES that were measured so."""
-  return masked and MASKED_DEEPER_RING_TILES.get(tile, False)
+  MASKED_DEEPER_RING_TILES over long K loops, where measured so (over shorter
+  ones, MASKED_SHORT_K_DEEPER_RING_TILES, the scales come from GMEM)."""
+  long_k = _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS
+  return masked and long_k and MASKED_DEEPER_RING_TILES.get(tile, False)
 
 
 def deeper_ring(cfg: HopperConfig) -> bool:

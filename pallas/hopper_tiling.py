@@ -225,7 +225,7 @@ def _forms(m: int, k: int, *, b_scale_rows: int, row_masks: bool, masked: bool):
         fields["tma_scales"] = True
       if hopper_cost.takes_deeper_ring(t, m, k, row_masks=row_masks,
                                        b_scale_rows=b_scale_rows, masked=masked):
-        if hopper_cost.deeper_ring_scales_in_ring(t, masked=masked):
+        if hopper_cost.deeper_ring_scales_in_ring(t, k, masked=masked):
           fields["tma_scales"] = True
         for cluster_m in (1, 2) if pl.cdiv(m, t[0]) >= 2 and not masked else (1,):
           yield t, dict(fields, cluster_m=cluster_m), 1

@@ -184,8 +184,9 @@ FROZEN_PICKS = [
     # 2026-11-26: 128 x 256 split by columns (192 x 128 before), 0.4-2.9% faster
     (32768, 7168, 2048, 'ragged x4', {'128x256n2 s3 e64 on p72 tma': 'bf16',
                                    '128x256n2 s3 e32 on p72 tma': 'f32'}),
-    (1024, 7168, 2048, 'masked x1', {'192x128m3 s3 e64 on dc lf pw': 'bf16',
-                                     '192x128m3 s3 e32 on dc lf pw': 'f32'}),
+    # 2026-11-29: a ring of 4 (3 before) over 16 K blocks, 1.018x at 1 x ~1024
+    (1024, 7168, 2048, 'masked x1', {'192x128m3 s4 e64 on dc pw lf': 'bf16',
+                                     '192x128m3 s4 e32 on dc pw lf': 'f32'}),
     (512, 7168, 2048, 'masked x2', {'128x160m2 s4 e32 om wide lf dc pw': 'bf16 f32'}),
     (256, 7168, 2048, 'masked x4', {'128x160m2 s4 e32 om wide lf dc pw': 'bf16 f32'}),
     (64, 7168, 2048, 'masked x32', {'64x256n2 s3 e128 om sep': 'bf16',
@@ -861,8 +862,10 @@ def test_three_consumer_tiles_over_long_k_loops():
                                         expected_m=1024)
   assert three(masked) and masked.stages == 4 and masked.tma_scales, masked
   assert masked.step_top_overlap and masked.desc_carry and hopper_cost.deeper_ring(masked)
+  # Over 16 K blocks a masked 192 x 128 tile takes the deeper ring too, its scales
+  # from GMEM (test_masked_192x128_tiles_take_four_stages_over_short_k_loops).
   short = hopper_tiling.default_config(1408, 4096, 2048, groups=1, grouped=True)
-  assert not (three(short) and (short.stages > 3 or short.tma_scales)), short
+  assert three(short) and short.stages == 4 and not short.tma_scales, short
   for k in (2048, 7168):  # the efficiency of the deeper ring over long K loops only
     assert hopper_cost.takes_deeper_ring((192, 128, "m", 3), 4096, k, row_masks=False,
                                          b_scale_rows=128, masked=False) == (k == 7168)
@@ -889,6 +892,29 @@ def test_masked_128x160_tiles_take_five_stages_over_long_k_loops():
                                            b_scale_rows=128, masked=False)
   short_k = hopper_tiling.default_config(512, 7168, 2048, groups=2, grouped=True)
   assert (short_k.tile_m, short_k.tile_n, short_k.stages) == (128, 160, 4), short_k
+
+
+def test_masked_192x128_tiles_take_four_stages_over_short_k_loops():
+  """Masked 192 x 128 tiles of three consumers take a ring of 4 over K loops of
+  16-31 blocks too, their scales from GMEM (H200 2026-11-29: 1.058x the ring of 3
+  at 2 x ~512 7168x2048, 1.018x at 1 x ~1024; the ring's scales 1.023x / 0.991x);
+  shorter loops, dense and ragged GEMMs keep RING_BYTES' ring."""
+  t = (192, 128, "m", 3)
+  for rows, groups, expected in ((768, 2, 512), (1408, 1, 1024)):
+    cfg = hopper_tiling.default_config(rows, 7168, 2048, groups=groups, grouped=True,
+                                       expected_m=expected)
+    assert hopper_cost.tile_key(cfg) == t and cfg.stages == 4, cfg
+    assert not cfg.tma_scales and hopper_cost.deeper_ring(cfg), cfg
+  def deeper(k, **kw):
+    args = dict(row_masks=False, b_scale_rows=128, masked=True)
+    return hopper_cost.takes_deeper_ring(t, 768, k, **{**args, **kw})
+  assert deeper(2048) and deeper(3968) and not deeper(1920)
+  assert not deeper(2048, masked=False) and not deeper(2048, row_masks=True)
+  assert not deeper(2048, b_scale_rows=1)
+  # The ring brings the scales over long K loops only.
+  assert not hopper_cost.deeper_ring_scales_in_ring(t, 2048, masked=True)
+  assert hopper_cost.deeper_ring_scales_in_ring(t, 4096, masked=True)
+  assert not hopper_cost.deeper_ring_scales_in_ring(t, 4096, masked=False)
 
 
 def test_ragged_two_chunk_tiles():
