@@ -762,7 +762,8 @@ class _Warpgroup:
       if self.prob.exact_rows:  # a ragged piece: its rows only
         stores.store_rows(i, val, lambda start, n: dst.at[tile.out_group,
                                                           pl.ds(rows.start + start, n), cols],
-                          tile.row_lo - rows.start, tile.row_end - rows.start)
+                          tile.row_lo - rows.start, tile.row_end - rows.start,
+                          in_bounds=cols.start < dst.shape[-1])
       else:
         stores.store(i, val, dst.at[tile.out_group, rows, cols])
 

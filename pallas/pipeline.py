@@ -391,9 +391,13 @@ class OutputStores:
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(self.smem.at[slot], dst)
 
-  def store_rows(self, i: int, value, dst, lo, hi):
+  def store_rows(self, i: int, value, dst, lo, hi, in_bounds=True):
     """Stores rows [lo, hi) of the piece (clamped to it): dst(start, rows) is
-    the GMEM window of the piece's rows [start, start + rows).
+    the GMEM window of the piece's rows [start, start + rows). in_bounds: False
+    where the piece's columns lie wholly past the output's: part of one is then
+    not stored (on the H200 such a box of 32 bf16 columns and one row wrapped
+    into the next row's first columns instead of being dropped; a whole piece
+    still takes `store`, whose slots' waits count every piece's store).
 
     A whole piece takes `store`. Part of one goes through rows_smem (its
     untiled rows can be sliced anywhere) in TMA boxes of 2^j rows, one per bit
@@ -412,7 +416,7 @@ class OutputStores:
     def _():
       self.store(i, value, dst(0, rows))
 
-    @pl.when((hi > lo) & ((lo > 0) | (hi < rows)))
+    @pl.when((hi > lo) & ((lo > 0) | (hi < rows)) & in_bounds)
     def _():
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       self.rows_smem[0, pl.ds(0, rows)] = value.astype(self.rows_smem.dtype)

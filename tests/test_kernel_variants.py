@@ -520,6 +520,25 @@ def test_ragged_narrow_pieces(arch, cfg, out_dtype):
   testing.assert_close(out[:end], ref[:end], out_dtype)
 
 
+# Row-exact stores next to pieces wholly past N (their partial stores skipped): 192 x 128
+# tiles of three consumers with 32-column bf16 / 16-column float32 pieces; N = 160 pads to
+# 192, so the second column tile holds a valid piece, a pad piece and pieces past the
+# output; groups end at odd rows (one-row boxes) inside each warpgroup's rows.
+RAGGED_THREE = dataclasses.replace(
+    hopper_tiling.default_config(32768, 4096, 7168, groups=4, grouped=True, row_masks=True),
+    num_sms=3)
+
+
+@pytest.mark.parametrize("epi_n,out_dtype", [(32, BF16), (16, F32)])
+def test_ragged_stores_beside_pieces_past_n(epi_n, out_dtype):
+  cfg = dataclasses.replace(RAGGED_THREE, epi_tile_n=epi_n)
+  args, ref, end = _ragged_operands(5, 400, 160, 256, [55, 9, 128, 1, 131, 20])
+  fn = lambda *xs: hopper.ragged_dot(*xs, out_dtype=out_dtype, config=cfg)
+  out = _interpret(fn, *args)
+  assert np.all(np.asarray(out[end:].astype(jnp.float32)) == 0.0), "rows past the groups: 0"
+  testing.assert_close(out[:end], ref[:end], out_dtype)
+
+
 # Ragged pieces in pairs of CTAs side by side sharing A (cluster_n): three column tiles
 # (the last pair's second past N), groups cut inside row tiles, an empty group, one row,
 # rows past the groups; the ragged rules' 256 x 128 tiles in one pair past N.
@@ -639,6 +658,21 @@ def test_gpu_ragged(n, k, sizes):
                    .astype(jnp.float32), np.float64)
   assert np.all(out[end:] == 0.0)
   testing.assert_close(out[:end], ref[:end], F32, tol=GPU_TOL[BF16])
+
+
+@requires_gpu(major=9)
+@pytest.mark.parametrize("epi_n,out_dtype", [(32, BF16), (16, BF16), (16, F32)])
+def test_gpu_ragged_narrow_stores_past_n(epi_n, out_dtype):
+  """Pieces narrower than 128 bytes a row wholly past N = 2112 in the last column tile:
+  their one-row TMA boxes of a cut tile wrote zeros into the next row's first columns
+  on the H200 (rows 823 and 832 here, 2026-11-29) until partial stores of such pieces
+  were skipped (OutputStores.store_rows' in_bounds)."""
+  cfg = dataclasses.replace(RAGGED_THREE, num_sms=None, epi_tile_n=epi_n)
+  args, ref, end = _ragged_operands(7, 4096, 2112, 2048, [823, 1109, 1006, 1158])
+  out = np.asarray(jax.jit(lambda *xs: hopper.ragged_dot(*xs, out_dtype=out_dtype,
+                                                         config=cfg))(*args)
+                   .astype(jnp.float32), np.float64)
+  testing.assert_close(out, ref, F32, tol=GPU_TOL[out_dtype])
 
 
 @requires_gpu(major=9)
