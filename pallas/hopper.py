@@ -836,16 +836,21 @@ def _run(cfg: HopperConfig, launch: problem.Launch):
 FEW_A_SCALE_ROWS = 2
 
 
-def _tiling(cfg: HopperConfig) -> problem.Tiling:
+def _tiling(cfg: HopperConfig, exact_rows: bool = False) -> problem.Tiling:
   cfg.check()
   def pad(a, a_scale, b, c, out_dtype, out_n=None):
     # The A-scales are loaded from GMEM as given, rows padded to whole chunks
     # (staged: to whole tiles, which the producer loads), or transposed for the
     # ring's TMA (a K block's scales of a tile are one contiguous box); the
-    # output's columns to whole tiles of its SMEM layout.
+    # output's columns to whole tiles of its SMEM layout, and with row-exact
+    # stores (exact_rows) to whole epilogue pieces: their unswizzled one-row
+    # boxes are contiguous, a copy Mosaic bounds only at the array's end, so a
+    # piece's columns past the output's would land in the next row (pieces
+    # wholly past it are skipped: OutputStores.store_rows).
     (tiling, _) = tiled(out_dtype, cfg.epi_tile_n)
+    multiple = max(64, tiling.tiling[1], cfg.epi_tile_n if exact_rows else 0)
     return pad_for_tma(a, a_scale, b, c, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                       out_cols_multiple=max(64, tiling.tiling[1]),
+                       out_cols_multiple=multiple,
                        transpose_a_scale=cfg.tma_scales,
                        a_scale_rows_multiple=cfg.tile_m if cfg.a_scale_window else CHUNK_M,
                        few_a_scale_rows=0 if cfg.a_scale_window else FEW_A_SCALE_ROWS,
@@ -879,8 +884,8 @@ def blockwise_fp8_dot(a, a_scale, b, b_scale, c, *, beta, out_dtype, config: Hop
 def ragged_dot(a, a_scale, b, b_scale, group_sizes, *, out_dtype, config: HopperConfig):
   """Rows of a [M, K] cut into G contiguous groups, group g times b[g] [N, K]
   (b_scale [G, nb, kb]); rows past the groups are zeros. [M, N]."""
-  return _run(config, problem.ragged(_tiling(config), a, a_scale, b, b_scale, group_sizes,
-                                     out_dtype=out_dtype))
+  return _run(config, problem.ragged(_tiling(config, exact_rows=True), a, a_scale, b, b_scale,
+                                     group_sizes, out_dtype=out_dtype))
 
 
 def masked_dot(a, a_scale, b, b_scale, masked_m, *, out_dtype, config: HopperConfig):

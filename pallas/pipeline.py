@@ -395,9 +395,13 @@ class OutputStores:
     """Stores rows [lo, hi) of the piece (clamped to it): dst(start, rows) is
     the GMEM window of the piece's rows [start, start + rows). in_bounds: False
     where the piece's columns lie wholly past the output's: part of one is then
-    not stored (on the H200 such a box of 32 bf16 columns and one row wrapped
-    into the next row's first columns instead of being dropped; a whole piece
-    still takes `store`, whose slots' waits count every piece's store).
+    not stored. (A one-row box from the unswizzled rows_smem is contiguous, and
+    Mosaic issues a contiguous store as a plain bulk copy bounded only by the
+    array's end: on the H200 such boxes of 32 bf16 columns past N wrote zeros
+    into the next row's first columns. The kernels pad the output's columns to
+    whole pieces, so no piece is partly past them. A whole piece still takes
+    `store`, a swizzled tensor copy bounded per dimension, whose slots' waits
+    count every piece's store.)
 
     A whole piece takes `store`. Part of one goes through rows_smem (its
     untiled rows can be sliced anywhere) in TMA boxes of 2^j rows, one per bit

@@ -529,6 +529,18 @@ RAGGED_THREE = dataclasses.replace(
     num_sms=3)
 
 
+def test_ragged_output_columns_are_whole_pieces():
+  """Row-exact stores need no piece partly past the output's columns (a one-row box
+  is a contiguous copy bounded only at the array's end): the Hopper kernel pads a
+  ragged output to whole pieces (256-byte rows: 128 bf16 columns), a dense one only
+  to its SMEM tiling (its stores are bounded per dimension)."""
+  cfg = dataclasses.replace(RAGGED_THREE, epi_tile_n=128)
+  args = [np.zeros(s, d) for s, d in (((8, 256), FP8), ((8, 2), F32), ((2112, 256), FP8))]
+  def out_cols(exact_rows):
+    return hopper._tiling(cfg, exact_rows).pad(*args[:2], args[2][None], None, BF16).out_cols
+  assert out_cols(True) == 2176 and out_cols(False) == 2112
+
+
 @pytest.mark.parametrize("epi_n,out_dtype", [(32, BF16), (16, F32)])
 def test_ragged_stores_beside_pieces_past_n(epi_n, out_dtype):
   cfg = dataclasses.replace(RAGGED_THREE, epi_tile_n=epi_n)
