@@ -420,7 +420,11 @@ class OutputStores:
     def _():
       self.store(i, value, dst(0, rows))
 
-    @pl.when((hi > lo) & ((lo > 0) | (hi < rows)) & in_bounds)
+    partial = (hi > lo) & ((lo > 0) | (hi < rows))
+    if in_bounds is not True:  # (a constant True would still trace an `and`)
+      partial = partial & in_bounds
+
+    @pl.when(partial)
     def _():
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       self.rows_smem[0, pl.ds(0, rows)] = value.astype(self.rows_smem.dtype)

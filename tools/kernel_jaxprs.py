@@ -38,7 +38,7 @@ def cases():
     out[f"dense_{m}x{n}x{k}"] = dense(m, n, k, hopper_tiling.default_config(m, n, k))
   staged = dataclasses.replace(hopper_tiling.default_config(4096, 7168, 2048), a_scale_window=4,
                                tma_scales=False, step_top_overlap=False,
-                               probe_in_flight=False)
+                               probe_in_flight=False, producer_warp=False)
   out["dense_4096x7168x2048_staged"] = dense(4096, 7168, 2048, staged)
   g, rows, n, k = 8, 4096, 4096, 7168
   rcfg = hopper_tiling.default_config(g * rows, n, k, groups=g, grouped=True, row_masks=True)
