@@ -311,8 +311,8 @@ def epilogue(cfg, prob, sched, tile_of, local_units, epi_k, as_smem, bs_gmem, ou
         stores.store_rows(p, val, lambda start, n: dst.at[tile.out_group,
                                                           pl.ds(tile.m0 + start, n), cols],
                           tile.row_lo - tile.m0, tile.row_end - tile.m0,
-                          in_bounds=(True if dst.shape[-1] % cfg.tile_n == 0
-                                     else cols.start < dst.shape[-1]))
+                          in_bounds=stores.piece_in_bounds(cols.start, dst.shape[-1],
+                                                           cfg.tile_n))
       else:
         stores.store(p, val, dst.at[tile.out_group, pl.ds(tile.m0, tile_m), cols])
     return step

@@ -719,12 +719,6 @@ class _Warpgroup:
            if not self.prob.glu_rows or c < self.cfg.tile_n // 2]
     return [(pi, e) for pi in out for e in range(0, pn, epi_n)]
 
-  def piece_in_bounds(self, cols, out_cols: int):
-    """Whether a piece's columns start inside the output's: True (no test) where
-    the output's columns are whole tiles (a test there made ptxas slow the ragged
-    128 x 256 K loop by 4.6%)."""
-    return True if out_cols % self.cfg.tile_n == 0 else cols.start < out_cols
-
   def up_part(self, pi):
     r, c = self.parts[pi]
     return self.parts.index((r, c + self.cfg.tile_n // 2))
@@ -769,7 +763,8 @@ class _Warpgroup:
         stores.store_rows(i, val, lambda start, n: dst.at[tile.out_group,
                                                           pl.ds(rows.start + start, n), cols],
                           tile.row_lo - rows.start, tile.row_end - rows.start,
-                          in_bounds=self.piece_in_bounds(cols, dst.shape[-1]))
+                          in_bounds=stores.piece_in_bounds(cols.start, dst.shape[-1],
+                                                           self.cfg.tile_n))
       else:
         stores.store(i, val, dst.at[tile.out_group, rows, cols])
 

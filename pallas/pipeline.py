@@ -451,5 +451,14 @@ class OutputStores:
         box //= 2
 
   @staticmethod
+  def piece_in_bounds(col0, out_cols: int, tile_n: int):
+    """store_rows' in_bounds of a piece whose columns start at col0 in an output
+    of out_cols columns cut into tiles of tile_n: True (no test, the kernel's
+    jaxpr unchanged) where the output's columns are whole tiles, so that every
+    piece lies inside them (the test there slowed the ragged 128 x 256 K loop,
+    0.954x in one alternated run on the H200), else whether col0 is inside."""
+    return True if out_cols % tile_n == 0 else col0 < out_cols
+
+  @staticmethod
   def finish():
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
