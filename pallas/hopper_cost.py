@@ -712,7 +712,7 @@ def takes_deeper_ring(tile: tuple, m: int, k: int, *, row_masks: bool, b_scale_r
   scales, as measured; MASKED_DEEPER_RING_TILES: masked ones over those loops,
   the ring bringing the scales too where measured so, deeper_ring_scales_in_ring;
   MASKED_SHORT_K_DEEPER_RING_TILES: masked ones over shorter loops)."""
-  long_k = _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS
+  long_k = _deeper_ring_long_k(k)
   deeper = tile in DEEPER_RING_TILES or (long_k and (
       (tile in DENSE_DEEPER_RING_TILES and not masked and m >= TMA_SCALES_MIN_M)
       or (tile in MASKED_DEEPER_RING_TILES and masked))) or (
@@ -726,8 +726,13 @@ def deeper_ring_scales_in_ring(tile: tuple, k: int, *, masked: bool) -> bool:
   bring the scales where the M rule (tma_scales_pay) would not: masked
   MASKED_DEEPER_RING_TILES over long K loops, where measured so (over shorter
   ones, MASKED_SHORT_K_DEEPER_RING_TILES, the scales come from GMEM)."""
-  long_k = _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS
-  return masked and long_k and MASKED_DEEPER_RING_TILES.get(tile, False)
+  return masked and _deeper_ring_long_k(k) and MASKED_DEEPER_RING_TILES.get(tile, False)
+
+
+def _deeper_ring_long_k(k: int) -> bool:
+  """Whether a K loop is one of the long ones DENSE_DEEPER_RING_TILES and
+  MASKED_DEEPER_RING_TILES were measured over."""
+  return _cdiv(k, K_BLOCK) >= DENSE_DEEPER_RING_MIN_K_BLOCKS
 
 
 def deeper_ring(cfg: HopperConfig) -> bool:
