@@ -40,6 +40,7 @@ def test_runs_in_interpret_mode(tmp_path):
   assert [r["config"] for r in rows] == ["default", "stages=3"]   # tile_n=100: refused
   assert all(len(r["us"]) == 1 and r["us"][0] > 0 for r in rows)
   assert all(r["max_diff_from_default"] == 0 for r in rows)   # the same sums
+  assert all("FAIL" not in r["check"] and "rows checked" in r["check"] for r in rows)
   with testing.gpu_interpret_mode():   # told the expected rows: fills around them
     masked_tilings.main(["--cases=2x64x128x256", "--draws=1", "--iters=1", "--expected_m=20",
                          f"--json_out={out}"])
@@ -64,3 +65,29 @@ def test_contiguous_runs_in_interpret_mode(tmp_path):
   rows = json.loads(out.read_text())
   assert [r["config"] for r in rows] == ["default", "stages=3"]
   assert sum(rows[0]["fills"][0]) == 144 and rows[1]["max_diff_from_default"] == 0
+  assert all("FAIL" not in r["check"] for r in rows)
+
+
+def test_sampled_rows_take_the_boundaries():
+  rows = masked_tilings.sampled_rows([823, 4096], 4096, 8)
+  assert {822, 823, 824, 832, 833, 4095} <= set(rows.tolist())
+  assert rows.max() < 4096 and rows.min() >= 0 and len(set(rows.tolist())) == len(rows)
+
+
+def test_check_rows_fails_wrong_or_unwritten_rows():
+  """A live row zeroed (what row-exact stores past N did on the GPU) or a row that
+  must be zero written fails; the reference itself passes."""
+  rng = np.random.default_rng(0)
+  rows, live = np.array([1, 3, 5, 6]), np.array([True, True, True, False])
+  ref = rng.standard_normal((4, 32)) * np.array([[1], [1], [1], [0]])
+  out = np.zeros((8, 32))
+  out[rows] = ref
+  assert "FAIL" not in masked_tilings.check_rows(out, ref, rows, live)
+  bad = out.copy()
+  bad[3, :16] = 0.0
+  assert "FAIL" in masked_tilings.check_rows(bad, ref, rows, live)
+  bad = out.copy()
+  bad[6] = 1.0
+  assert "zero rows not 0" in masked_tilings.check_rows(bad, ref, rows, live)
+  bad[1] = np.nan
+  assert "FAIL" in masked_tilings.check_rows(bad, ref, rows, live)

@@ -18,8 +18,11 @@ groups of sizes uniform in [0.7, 1.3] x ROWS rescaled to sum to G * ROWS
 (blockwise_fp8_ragged_dot; the default is the rules' ragged pick; --aligned: every
 group ROWS rows). Every variant's
 output at the first draw is compared with the default's (the same sums: a difference
-is reported). One compilation per config: masked_m is a device array, so the draws
-only change operands. Prints each config's time per draw and its mean (kernel time through
+is reported), and every config's, the default's too, with the contract at sampled rows
+(`sampled_rows`: the rows around each group's boundaries and each 64-row chunk start
+after them, where a row-exact store going wrong shows, and random ones; float32 on the
+device), "FAIL" beyond bf16's bound or where a row that must be zero is not. One
+compilation per config: masked_m is a device array, so the draws only change operands. Prints each config's time per draw and its mean (kernel time through
 CUPTI, operands rotated past the L2); --json_out writes them.
 """
 from __future__ import annotations
@@ -71,6 +74,47 @@ def contiguous_draws(groups: int, rows: int, count: int, seed: int = 0,
   return out
 
 
+def sampled_rows(bounds, rows: int, count: int, seed: int = 0) -> np.ndarray:
+  """Rows of an output of `rows` rows to check: around each boundary b (b - 1, b,
+  b + 1, the first 64-row chunk start from b and the row after it) and `count`
+  drawn at random; sorted, unique, within [0, rows)."""
+  picks = [np.random.default_rng(seed).integers(0, rows, count)]
+  for b in bounds:
+    chunk = -(-int(b) // 64) * 64
+    picks.append(np.array([b - 1, b, b + 1, chunk, chunk + 1]))
+  out = np.unique(np.concatenate(picks).astype(np.int64))
+  return out[(out >= 0) & (out < rows)]
+
+
+def contract_rows(a, a_scale, b, b_scale, rows, groups_of_rows, live):
+  """The float32 contract at `rows` of a [.., K] (rows into its flattened leading
+  axes): row r times b[groups_of_rows[r]] where live[r], else 0; [len(rows), N]."""
+  import jax
+  import jax.numpy as jnp
+  k, n = a.shape[-1], b.shape[1]
+  a2, s2 = a.reshape(-1, k)[rows], a_scale.reshape(-1, a_scale.shape[-1])[rows]
+  a32 = a2.astype(jnp.float32) * jnp.repeat(s2, 128, axis=1)[:, :k]
+  groups_of_rows = np.asarray(groups_of_rows)
+  out = np.zeros((len(rows), n))
+  for g in np.unique(groups_of_rows[np.asarray(live, bool)]):
+    mine = np.nonzero((groups_of_rows == g) & np.asarray(live, bool))[0]
+    b32 = b[g].astype(jnp.float32) * jnp.repeat(jnp.repeat(b_scale[g], 128, 0), 128, 1)[:n, :k]
+    out[mine] = np.asarray(jnp.dot(a32[mine], b32.T, precision=jax.lax.Precision.HIGHEST))
+  return out
+
+
+def check_rows(out, ref, rows, live, bound: float = 4e-3) -> str:
+  """A report of out (flattened to [-1, N]) at `rows` against ref: the relative
+  error of the live rows and whether the others are zero; 'FAIL' if either is off."""
+  got = np.asarray(out, np.float64).reshape(-1, ref.shape[1])[rows]
+  live = np.asarray(live, bool)
+  err = (np.linalg.norm(got[live] - ref[live]) / (np.linalg.norm(ref[live]) or 1.0)
+         if live.any() else 0.0)
+  zeros_ok = bool(np.all(got[~live] == 0))
+  verdict = "" if err <= bound and zeros_ok else " FAIL"
+  return f"rows checked {len(rows)}: rel. err {err:.2e}{'' if zeros_ok else ', zero rows not 0'}{verdict}"
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--cases", required=True, help="comma list of GxCAPACITYxNxK")
@@ -116,19 +160,31 @@ def main(argv=None) -> int:
     configs = variant_configs(base, variants, case)
     print(f"{case}: {'group_sizes' if args.contiguous else 'masked_m'} draws "
           f"{[f.tolist() for f in fills]}; default {base}", flush=True)
+    fill = fills[0]
+    if args.contiguous:  # rows of group g: [starts[g], starts[g + 1]); then zeros
+      starts = np.concatenate([[0], np.cumsum(fill)])
+      check = sampled_rows(starts[1:], m, 64, args.seed)
+      groups_of = np.minimum(np.searchsorted(starts, check, side="right") - 1, g - 1)
+      live = check < starts[-1]
+    else:  # group g's rows g * cap + [0, masked_m[g]); the rest zeros
+      check = np.concatenate([r * cap + sampled_rows([fill[r]], cap, 16, args.seed + r)
+                              for r in range(g)])
+      groups_of, live = check // cap, (check % cap) < fill[check // cap]
+    ref = contract_rows(*operands, check, groups_of, live)
     reference = None
     for name, cfg in configs.items():
       fn = functools.partial(run, out_dtype=jnp.bfloat16, config=cfg)
-      out = np.asarray(fn(*operands, jnp.asarray(fills[0])).astype(jnp.float32))
+      out = np.asarray(fn(*operands, jnp.asarray(fill)).astype(jnp.float32))
       if reference is None:
         reference = out
       differs = np.abs(out - reference).max() if np.isfinite(out).all() else float("nan")
+      verdict = check_rows(out, ref, check, live)
       us = [1e3 * autotune.kernel_time_ms(fn, (*operands, jnp.asarray(f)), iters=args.iters)
             for f in fills]
       print(f"  {name:60s} mean {np.mean(us):8.1f} us | {' '.join(f'{t:7.1f}' for t in us)}"
-            f" | max|out - default's| {differs:g}", flush=True)
+            f" | max|out - default's| {differs:g} | {verdict}", flush=True)
       rows.append(dict(case=case, config=name, fills=[f.tolist() for f in fills], us=us,
-                       max_diff_from_default=float(differs)))
+                       max_diff_from_default=float(differs), check=verdict))
   if args.json_out:
     with open(args.json_out, "w") as f:
       json.dump(rows, f, indent=1)
